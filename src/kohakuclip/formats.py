@@ -1,0 +1,99 @@
+"""Every on-disk layout kohakuclip reads or writes, declared once.
+
+Video shards (KCIDX1) and image shards (KCIMG1) share one framing: an 8-byte magic, a u64
+little-endian JSON length, the JSON header, zero padding to a multiple of 8, then fixed-size
+little-endian records (one per frame, or one per image). The layouts are byte-compatible with
+KohakuClip 1.x.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+INDEX_MEMBER = "__index__.bin"
+"""Name of the index member inside a shard (zip or tar)."""
+
+VIDEO_INDEX_MAGIC = b"KCIDX1\0\0"
+IMAGE_INDEX_MAGIC = b"KCIMG1\0\0"
+
+FRAME_RECORD = np.dtype(
+    [
+        ("offset", "<u8"),  # absolute byte offset of the sample in the archive file
+        ("size", "<u4"),  # sample size in bytes
+        ("keep", "<u4"),  # bytes of this sample later frames depend on (0: droppable)
+        ("flags", "u1"),  # bit 0: keyframe
+        ("_pad", "V7"),
+    ]
+)
+"""One video frame (mp4 sample) in decode order: 24 bytes."""
+assert FRAME_RECORD.itemsize == 24
+
+FLAG_KEYFRAME = 1
+
+IMAGE_RECORD = np.dtype(
+    [
+        ("offset", "<u8"),  # absolute byte offset of the image member's data in the archive
+        ("size", "<u4"),
+        ("width", "<u4"),
+        ("height", "<u4"),
+        ("codec", "u1"),  # one of IMAGE_CODECS
+        ("color", "u1"),  # COLOR_* bit flags
+        ("_pad", "V2"),
+    ]
+)
+"""One stored image: 24 bytes."""
+assert IMAGE_RECORD.itemsize == 24
+
+IMAGE_CODECS: tuple[str, ...] = ("jpeg", "av1", "jxl", "webp", "png")
+"""Image codec ids: the position in this tuple is the byte stored in IMAGE_RECORD.codec."""
+
+COLOR_BT709 = 1
+COLOR_FULL_RANGE = 2
+COLOR_RGB = 4
+COLOR_GRAY = 8
+
+VideoCodec = Literal["av1", "h264", "hevc"]
+Colorspace = Literal["bt601", "bt709"]
+
+
+@dataclass(frozen=True)
+class VideoEntry:
+    """Per-video header entry of a KCIDX1 index (one JSON object in ``videos``)."""
+
+    member: str  # member name inside the archive
+    row: int  # first FRAME_RECORD of this video
+    n: int  # number of frames
+    fps: float
+    h: int
+    w: int
+    codec: VideoCodec
+    prefix: str  # hex: the AV1 sequence header OBU, or Annex-B SPS/PPS(/VPS)
+    colorspace: Colorspace
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> VideoEntry:
+        return cls(
+            member=str(obj["member"]),
+            row=int(obj["row"]),
+            n=int(obj["n"]),
+            fps=float(obj["fps"]),
+            h=int(obj["h"]),
+            w=int(obj["w"]),
+            codec=obj["codec"],
+            prefix=str(obj.get("prefix", "")),
+            colorspace=obj.get("colorspace", "bt601"),
+        )
+
+
+GULP_DATA_PATTERN = "data_{}.gulp"
+GULP_META_PATTERN = "meta_{}.gmeta"
+GULP_ALIGNMENT = 4
+"""GulpIO: JPEG frames right-padded with zero bytes to a multiple of 4 in data_<i>.gulp;
+meta_<i>.gmeta is JSON ``{id: {"frame_info": [[offset, pad, length_with_pad], ...],
+"meta_data": [{...}]}}``."""

@@ -1,0 +1,70 @@
+"""The framed index member shared by video (KCIDX1) and image (KCIMG1) shards."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kohakuclip.formats import FRAME_RECORD, VIDEO_INDEX_MAGIC, VideoEntry
+
+
+class IndexFormatError(ValueError):
+    """An index member that does not parse (wrong magic, truncated, inconsistent)."""
+
+
+def encode_index(magic: bytes, header: dict[str, Any], records: np.ndarray) -> bytes:
+    """Serialize ``magic | u64 len | JSON | pad to 8 | records``."""
+    body = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    head = magic + struct.pack("<Q", len(body)) + body
+    head += b"\0" * (-len(head) % 8)
+    return head + np.ascontiguousarray(records).tobytes()
+
+
+def decode_index(
+    buf: bytes | memoryview | np.ndarray, magic: bytes, dtype: np.dtype, where: str = "index"
+) -> tuple[dict[str, Any], np.ndarray]:
+    """Parse a framed index from ``buf`` (bytes or a uint8 memmap); records are a view, not a copy."""
+    raw = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
+    if len(raw) < 16 or bytes(raw[:8]) != magic:
+        kind = magic.rstrip(b"\0").decode()
+        raise IndexFormatError(f"{where}: not a {kind} index (bad magic)")
+    (length,) = struct.unpack("<Q", bytes(raw[8:16]))
+    if 16 + length > len(raw):
+        raise IndexFormatError(f"{where}: truncated index header ({length} bytes announced)")
+    try:
+        header = json.loads(bytes(raw[16 : 16 + length]))
+    except ValueError as e:
+        raise IndexFormatError(f"{where}: index header is not JSON ({e})") from None
+    start = (16 + length + 7) // 8 * 8
+    body = raw[start:]
+    if len(body) % dtype.itemsize:
+        raise IndexFormatError(f"{where}: index records are not a multiple of {dtype.itemsize} bytes")
+    return header, body.view(dtype)
+
+
+@dataclass(frozen=True)
+class VideoIndex:
+    """A parsed KCIDX1 index: per-video entries and the per-frame records (decode order)."""
+
+    videos: list[VideoEntry]
+    frames: np.ndarray  # FRAME_RECORD
+
+    def to_bytes(self) -> bytes:
+        header = {"videos": [v.to_json() for v in self.videos]}
+        return encode_index(VIDEO_INDEX_MAGIC, header, self.frames)
+
+    @classmethod
+    def from_buffer(cls, buf: bytes | memoryview | np.ndarray, where: str = "index") -> VideoIndex:
+        header, frames = decode_index(buf, VIDEO_INDEX_MAGIC, FRAME_RECORD, where)
+        try:
+            videos = [VideoEntry.from_json(v) for v in header["videos"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise IndexFormatError(f"{where}: bad video entry in index header ({e!r})") from None
+        for v in videos:
+            if v.row < 0 or v.row + v.n > len(frames):
+                raise IndexFormatError(f"{where}: video {v.member!r} rows exceed the frame table")
+        return cls(videos, frames)
