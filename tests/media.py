@@ -15,10 +15,17 @@ ENCODER_OPTIONS: dict[str, tuple[str, dict[str, str]]] = {
         {"preset": "10", "crf": "40", "svtav1-params": "keyint=16:enable-dlf=0:enable-cdef=0"},
     ),
     # B-pyramid, reordered output (ctts)
-    "h264": ("libx264", {"g": "16", "bf": "3", "b-pyramid": "normal", "crf": "26", "preset": "fast"}),
+    "h264": (
+        "libx264",
+        {"g": "16", "bf": "3", "b-pyramid": "normal", "crf": "26", "preset": "fast"},
+    ),
     "hevc": (
         "libx265",
-        {"crf": "30", "preset": "fast", "x265-params": "keyint=16:min-keyint=16:bframes=3:log-level=0"},
+        {
+            "crf": "30",
+            "preset": "fast",
+            "x265-params": "keyint=16:min-keyint=16:bframes=3:log-level=0",
+        },
     ),
     "mpeg4": ("mpeg4", {"g": "16"}),
 }
@@ -47,8 +54,11 @@ def frame_rgb(spec: VideoSpec, i: int) -> np.ndarray:
     rng = np.random.default_rng(spec.seed)
     phase = rng.integers(0, 256, size=3)
     img = np.stack(
-        [(xx * 2 + 5 * i + phase[0]) % 256, (yy * 3 + 3 * i + phase[1]) % 256,
-         ((xx + yy) + 7 * i + phase[2]) % 256],
+        [
+            (xx * 2 + 5 * i + phase[0]) % 256,
+            (yy * 3 + 3 * i + phase[1]) % 256,
+            ((xx + yy) + 7 * i + phase[2]) % 256,
+        ],
         axis=-1,
     ).astype(np.uint8)
     block = ((yy // 12 + xx // 12 + i // 4) % 2) == 0
@@ -102,7 +112,9 @@ def decode_planes(data: bytes | str) -> list[tuple[np.ndarray, np.ndarray, np.nd
             ch, cw = (h + 1) // 2, (w + 1) // 2
             y = a[:h]
             rest = a[h:].reshape(-1)
-            out.append((y, rest[: ch * cw].reshape(ch, cw), rest[ch * cw : 2 * ch * cw].reshape(ch, cw)))
+            out.append(
+                (y, rest[: ch * cw].reshape(ch, cw), rest[ch * cw : 2 * ch * cw].reshape(ch, cw))
+            )
     return out
 
 

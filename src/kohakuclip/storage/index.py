@@ -27,7 +27,7 @@ def encode_index(magic: bytes, header: dict[str, Any], records: np.ndarray) -> b
 def decode_index(
     buf: bytes | memoryview | np.ndarray, magic: bytes, dtype: np.dtype, where: str = "index"
 ) -> tuple[dict[str, Any], np.ndarray]:
-    """Parse a framed index from ``buf`` (bytes or a uint8 memmap); records are a view, not a copy."""
+    """Parse a framed index from bytes or a uint8 memmap; records are a view, not a copy."""
     raw = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
     if len(raw) < 16 or bytes(raw[:8]) != magic:
         kind = magic.rstrip(b"\0").decode()
@@ -42,7 +42,9 @@ def decode_index(
     start = (16 + length + 7) // 8 * 8
     body = raw[start:]
     if len(body) % dtype.itemsize:
-        raise IndexFormatError(f"{where}: index records are not a multiple of {dtype.itemsize} bytes")
+        raise IndexFormatError(
+            f"{where}: index records are not a multiple of {dtype.itemsize} bytes"
+        )
     return header, body.view(dtype)
 
 
@@ -60,11 +62,16 @@ class VideoIndex:
     @classmethod
     def from_buffer(cls, buf: bytes | memoryview | np.ndarray, where: str = "index") -> VideoIndex:
         header, frames = decode_index(buf, VIDEO_INDEX_MAGIC, FRAME_RECORD, where)
-        try:
-            videos = [VideoEntry.from_json(v) for v in header["videos"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise IndexFormatError(f"{where}: bad video entry in index header ({e!r})") from None
+        videos = video_entries(header, where)
         for v in videos:
             if v.row < 0 or v.row + v.n > len(frames):
                 raise IndexFormatError(f"{where}: video {v.member!r} rows exceed the frame table")
         return cls(videos, frames)
+
+
+def video_entries(header: dict[str, Any], where: str = "index") -> list[VideoEntry]:
+    """The per-video entries of a KCIDX1 JSON header."""
+    try:
+        return [VideoEntry.from_json(v) for v in header["videos"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise IndexFormatError(f"{where}: bad video entry in index header ({e!r})") from None

@@ -105,7 +105,14 @@ def _entries(cd: bytes, count: int, path: str) -> Iterator[tuple[str, int, int, 
         if cd[pos : pos + 4] != b"PK\x01\x02":
             raise ArchiveError(f"{path}: corrupt zip central directory")
         f = _CENTRAL.unpack_from(cd, pos)
-        method, csize, name_len, extra_len, comment_len, local = f[4], f[8], f[10], f[11], f[12], f[16]
+        method, csize, name_len, extra_len, comment_len, local = (
+            f[4],
+            f[8],
+            f[10],
+            f[11],
+            f[12],
+            f[16],
+        )
         start = pos + _CENTRAL.size
         name = cd[start : start + name_len].decode("utf-8", "replace")
         extra = cd[start + name_len : start + name_len + extra_len]
@@ -146,7 +153,7 @@ def find_zip_member(path: str | os.PathLike[str], name: str) -> Member | None:
     path = os.fspath(path)
     fd = os.open(path, os.O_RDONLY)
     try:
-        cd, count = _central_directory(fd, path)
+        cd, _ = _central_directory(fd, path)
         key = name.encode()
         pos = cd.rfind(key)
         while pos >= 0:

@@ -1,0 +1,163 @@
+"""Turn a decoded YUV frame into output pixels: crop window, resize, colour conversion, flips.
+
+The crop window is resized plane by plane (only the window is read), then converted with the
+video's own matrix and range. Every OpenCV call releases the GIL and writes into reused buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import cv2
+import numpy as np
+
+OutputMode = Literal["rgb", "yuv_resized"]
+
+_KR_KB = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722)}
+
+
+def yuv_to_rgb_matrix(colorspace: str, full_range: bool) -> np.ndarray:
+    """3x4 float32 matrix M with [R G B] = M @ [Y U V 1] for 8-bit samples."""
+    kr, kb = _KR_KB.get(colorspace, _KR_KB["bt601"])
+    kg = 1.0 - kr - kb
+    if full_range:
+        ys, yo, cs = 1.0, 0.0, 1.0
+    else:
+        ys, yo, cs = 255.0 / 219.0, 16.0, 255.0 / 224.0
+    rv = 2.0 * (1.0 - kr) * cs
+    gu = -2.0 * kb * (1.0 - kb) / kg * cs
+    gv = -2.0 * kr * (1.0 - kr) / kg * cs
+    bu = 2.0 * (1.0 - kb) * cs
+    m = np.array(
+        [[ys, 0.0, rv], [ys, gu, gv], [ys, bu, 0.0]],
+        dtype=np.float64,
+    )
+    offset = -m @ np.array([yo, 128.0, 128.0])
+    return np.concatenate([m, offset[:, None]], axis=1).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Crop:
+    """A window of the stored frame, in luma pixels (x and y even, so chroma stays aligned)."""
+
+    x: int
+    y: int
+    w: int
+    h: int
+
+
+def square_crop(width: int, height: int, rng: np.random.Generator | None) -> Crop:
+    """The short-side square: at a random position along the long side, or centred (rng=None)."""
+    side = min(width, height)
+    room_x, room_y = width - side, height - side
+    if rng is None:
+        x, y = room_x // 2, room_y // 2
+    else:
+        x = int(rng.integers(0, room_x + 1)) if room_x else 0
+        y = int(rng.integers(0, room_y + 1)) if room_y else 0
+    return Crop(x & ~1, y & ~1, side, side)
+
+
+def resize_plane(src: np.ndarray, dst: np.ndarray) -> None:
+    """Antialiased resize of ``src`` into ``dst``: box prefilter by the integer part of a >=2x
+    shrink, then bilinear (OpenCV's area filter is only fast at integer ratios)."""
+    h, w = src.shape
+    oh, ow = dst.shape
+    k = min(h // oh, w // ow)
+    if k >= 2:
+        hk, wk = h - h % k, w - w % k
+        if hk // k == oh and wk // k == ow:
+            cv2.resize(src[:hk, :wk], (ow, oh), dst=dst, interpolation=cv2.INTER_AREA)
+            return
+        src = cv2.resize(src[:hk, :wk], (wk // k, hk // k), interpolation=cv2.INTER_AREA)
+    cv2.resize(src, (ow, oh), dst=dst, interpolation=cv2.INTER_LINEAR)
+
+
+def frame_planes(frame: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Zero-copy Y, U, V views of a decoded 8-bit 4:2:0 PyAV frame (other formats converted)."""
+    fmt = frame.format.name  # type: ignore[attr-defined]
+    if fmt not in ("yuv420p", "yuvj420p"):
+        frame = frame.reformat(format="yuv420p")  # type: ignore[attr-defined]
+    views = []
+    for plane in frame.planes:  # type: ignore[attr-defined]
+        arr = np.frombuffer(plane, dtype=np.uint8).reshape(plane.height, plane.line_size)
+        views.append(arr[:, : plane.width])
+    y, u, v = views
+    return y, u, v
+
+
+def _chroma_window(c: np.ndarray, crop: Crop) -> np.ndarray:
+    x0, y0 = crop.x // 2, crop.y // 2
+    return c[y0 : (crop.y + crop.h + 1) // 2, x0 : (crop.x + crop.w + 1) // 2]
+
+
+class PixelWriter:
+    """Per-thread buffers and the per-frame pixel pipeline for one output mode and size."""
+
+    def __init__(self, size: int, mode: OutputMode = "rgb") -> None:
+        self.size = size
+        self.mode = mode
+        s = size
+        self._y = np.empty((s, s), np.uint8)
+        self._u = np.empty((s, s), np.uint8)
+        self._v = np.empty((s, s), np.uint8)
+        self._yuv = np.empty((s, s, 3), np.uint8)
+        self._flipped = np.empty((s, s, 3), np.uint8)
+        self._rgb = np.empty((s, s, 3), np.uint8)
+        self._matrices: dict[tuple[str, bool], np.ndarray] = {}
+
+    @staticmethod
+    def frame_shape(size: int, mode: OutputMode) -> tuple[int, ...]:
+        """Shape of one output frame."""
+        if mode == "rgb":
+            return (3, size, size)
+        c = (size + 1) // 2
+        return (size * size + 2 * c * c,)
+
+    def _matrix(self, colorspace: str, full_range: bool) -> np.ndarray:
+        key = (colorspace, full_range)
+        m = self._matrices.get(key)
+        if m is None:
+            m = self._matrices[key] = yuv_to_rgb_matrix(colorspace, full_range)
+        return m
+
+    def write(
+        self,
+        planes: tuple[np.ndarray, np.ndarray, np.ndarray],
+        crop: Crop,
+        hflip: bool,
+        vflip: bool,
+        colorspace: str,
+        full_range: bool,
+        dst: np.ndarray,
+    ) -> None:
+        """Write one frame's output into ``dst`` (shape ``frame_shape``)."""
+        y, u, v = planes
+        y_win = y[crop.y : crop.y + crop.h, crop.x : crop.x + crop.w]
+        if self.mode == "rgb":
+            resize_plane(y_win, self._y)
+            resize_plane(_chroma_window(u, crop), self._u)
+            resize_plane(_chroma_window(v, crop), self._v)
+            cv2.merge([self._y, self._u, self._v], dst=self._yuv)
+            yuv = self._yuv
+            if hflip or vflip:
+                code = -1 if hflip and vflip else (1 if hflip else 0)
+                cv2.flip(self._yuv, code, dst=self._flipped)
+                yuv = self._flipped
+            cv2.transform(yuv, self._matrix(colorspace, full_range), dst=self._rgb)
+            cv2.split(self._rgb, [dst[0], dst[1], dst[2]])
+            return
+        s = self.size
+        c = (s + 1) // 2
+        out_y = dst[: s * s].reshape(s, s)
+        out_u = dst[s * s : s * s + c * c].reshape(c, c)
+        out_v = dst[s * s + c * c :].reshape(c, c)
+        for src, out in (
+            (y_win, out_y),
+            (_chroma_window(u, crop), out_u),
+            (_chroma_window(v, crop), out_v),
+        ):
+            resize_plane(src, out)
+            if hflip or vflip:
+                cv2.flip(out, -1 if hflip and vflip else (1 if hflip else 0), dst=out)

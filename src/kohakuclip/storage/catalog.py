@@ -1,0 +1,346 @@
+"""The videos of a set of sources, and each video's frame table, resolved on first use.
+
+Sources are zip or tar shards (with or without a KCIDX1 index member) and folder trees of mp4
+files. Opening a source reads at most its index header; per-frame tables come from the memory-
+mapped index, or from parsing the mp4's moov box the first time the video is read (cached).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kohakuclip.formats import (
+    FLAG_KEYFRAME,
+    FRAME_RECORD,
+    INDEX_MEMBER,
+    VIDEO_INDEX_MAGIC,
+    VideoEntry,
+)
+from kohakuclip.storage.index import IndexFormatError, decode_index, video_entries
+from kohakuclip.storage.tar import list_tar
+from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
+
+VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov")
+
+
+class SourceError(ValueError):
+    """A source that cannot be opened, or a video in it that cannot be read."""
+
+
+@dataclass(frozen=True)
+class VideoRef:
+    """Where one video lives."""
+
+    source: int  # index into Catalog.sources
+    member: str  # member name in the archive, or path relative to the folder
+    entry: VideoEntry | None = None  # header entry when the source has an index
+
+
+@dataclass
+class VideoTrack:
+    """Everything the planner and decoder need about one video, in decode order."""
+
+    codec: str
+    width: int
+    height: int
+    fps: float
+    colorspace: str  # "bt601" | "bt709"
+    full_range: bool
+    prefix: bytes  # AV1 sequence header OBU, or Annex-B parameter sets
+    nal_length_size: int  # 0: samples are AV1 OBUs; else the AVCC/HVCC length field size
+    path: str  # the file to pread from
+    offsets: np.ndarray  # absolute offsets in ``path``
+    sizes: np.ndarray
+    keep: np.ndarray  # bytes later frames need (== sizes where unknown)
+    keyframe: np.ndarray  # bool
+    display: np.ndarray | None = None  # decode index -> display index (None: identity)
+    decode_of_display: np.ndarray | None = None  # display index -> decode index
+    key_positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def __post_init__(self) -> None:
+        self.key_positions = np.flatnonzero(self.keyframe)
+        if self.display is not None and not np.array_equal(self.display, np.arange(self.n)):
+            self.decode_of_display = np.argsort(self.display, kind="stable")
+        else:
+            self.display = None
+
+    @property
+    def n(self) -> int:
+        return len(self.sizes)
+
+
+@dataclass
+class _Source:
+    path: str
+    kind: str  # "zip" | "tar" | "folder"
+    index_member: Member | None = None
+    members: dict[str, Member] | None = None  # filled lazily for archives
+    frames: np.ndarray | None = None  # index records (per process)
+    frames_pid: int = -1
+
+
+class Catalog:
+    """The videos of many sources, with an LRU of resolved frame tables."""
+
+    def __init__(self, sources: list[str], use_index: bool = True, cache_size: int = 4096) -> None:
+        self.sources: list[_Source] = []
+        self.videos: list[VideoRef] = []
+        self._lock = threading.Lock()
+        self._tracks: OrderedDict[int, VideoTrack] = OrderedDict()
+        self._cache_size = max(1, cache_size)
+        self._use_index = use_index
+        for path in sources:
+            self._add_source(os.fspath(path))
+
+    # -- opening -----------------------------------------------------------------------------
+    def _add_source(self, path: str) -> None:
+        if os.path.isdir(path):
+            from kohakuclip.storage.folder import list_folder
+
+            sid = len(self.sources)
+            self.sources.append(_Source(path, "folder"))
+            names = list_folder(path, VIDEO_SUFFIXES)
+            self.videos.extend(VideoRef(sid, name) for name in names)
+            return
+        if not os.path.exists(path):
+            raise SourceError(f"{path}: no such file or directory")
+        kind = "tar" if path.endswith(".tar") else "zip"
+        src = _Source(path, kind)
+        sid = len(self.sources)
+        try:
+            if kind == "zip":
+                src.index_member = find_zip_member(path, INDEX_MEMBER) if self._use_index else None
+            else:
+                src.members = {m.name: m for m in list_tar(path)}
+                src.index_member = src.members.get(INDEX_MEMBER) if self._use_index else None
+        except ArchiveError as e:
+            raise SourceError(str(e)) from None
+        self.sources.append(src)
+        if src.index_member is not None:
+            header = self._read_index_header(src)
+            self.videos.extend(VideoRef(sid, v.member, v) for v in header)
+        else:
+            members = self._members(src)
+            self.videos.extend(
+                VideoRef(sid, name)
+                for name in sorted(members)
+                if name.lower().endswith(VIDEO_SUFFIXES)
+            )
+
+    def _read_index_header(self, src: _Source) -> list[VideoEntry]:
+        member = src.index_member
+        assert member is not None
+        where = f"{src.path}:{INDEX_MEMBER}"
+        with open(src.path, "rb") as f:
+            f.seek(member.offset)
+            head = f.read(16)
+            if len(head) < 16:
+                raise SourceError(f"{where}: truncated index")
+            (length,) = struct.unpack("<Q", head[8:16])
+            body = f.read(min(length, member.size))
+        try:
+            header, _ = decode_index(head + body, VIDEO_INDEX_MAGIC, np.dtype(np.uint8), where)
+            videos = video_entries(header, where)
+        except IndexFormatError as e:
+            raise SourceError(str(e)) from None
+        n_records = (member.size - (16 + length + 7) // 8 * 8) // FRAME_RECORD.itemsize
+        for v in videos:
+            if v.row < 0 or v.row + v.n > n_records:
+                raise SourceError(f"{where}: video {v.member!r} rows exceed the frame table")
+        return videos
+
+    def _members(self, src: _Source) -> dict[str, Member]:
+        if src.members is None:
+            try:
+                listed = list_zip(src.path) if src.kind == "zip" else list_tar(src.path)
+            except ArchiveError as e:
+                raise SourceError(str(e)) from None
+            src.members = {m.name: m for m in listed}
+        return src.members
+
+    def _index_frames(self, src: _Source) -> np.ndarray:
+        """The index records, memory-mapped once per process (never shared across a fork)."""
+        if src.frames is None or src.frames_pid != os.getpid():
+            member = src.index_member
+            assert member is not None
+            raw = np.memmap(
+                src.path, dtype=np.uint8, mode="r", offset=member.offset, shape=(member.size,)
+            )
+            _, frames = _split_index(raw)
+            src.frames, src.frames_pid = frames, os.getpid()
+        return src.frames
+
+    def after_fork(self) -> None:
+        """Forget per-process state (locks, memory maps) inherited through a fork."""
+        self._lock = threading.Lock()
+        for src in self.sources:
+            if src.frames_pid != os.getpid():
+                src.frames = None
+
+    # -- per video -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.videos)
+
+    def where(self, vid: int) -> str:
+        ref = self.videos[vid]
+        return f"{self.sources[ref.source].path}:{ref.member}"
+
+    def track(self, vid: int) -> VideoTrack:
+        """The frame table of video ``vid`` (cached; thread-safe)."""
+        with self._lock:
+            track = self._tracks.get(vid)
+            if track is not None:
+                self._tracks.move_to_end(vid)
+                return track
+        track = self._resolve(vid)
+        with self._lock:
+            self._tracks[vid] = track
+            while len(self._tracks) > self._cache_size:
+                self._tracks.popitem(last=False)
+        return track
+
+    def _resolve(self, vid: int) -> VideoTrack:
+        ref = self.videos[vid]
+        src = self.sources[ref.source]
+        if ref.entry is not None:
+            return self._from_index(src, ref.entry)
+        return self._from_moov(vid)
+
+    def _member_location(self, vid: int) -> tuple[str, int, int]:
+        ref = self.videos[vid]
+        src = self.sources[ref.source]
+        if src.kind == "folder":
+            path = os.path.join(src.path, ref.member)
+            try:
+                return path, 0, os.path.getsize(path)
+            except OSError as e:
+                raise SourceError(f"{path}: {e.strerror}") from None
+        member = self._members(src).get(ref.member)
+        if member is None:
+            raise SourceError(f"{self.where(vid)}: member missing from the archive")
+        if member.compressed:
+            raise SourceError(f"{self.where(vid)}: member is compressed; store videos uncompressed")
+        return src.path, member.offset, member.size
+
+    def _from_moov(self, vid: int) -> VideoTrack:
+        from kohakuclip.mp4.moov import parse_mp4
+
+        path, base, size = self._member_location(vid)
+        where = self.where(vid)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise SourceError(f"{where}: {e.strerror}") from None
+        try:
+            mp4 = parse_mp4(
+                lambda off, n: os.pread(fd, n, base + off), size, base=base, where=where
+            )
+        except ValueError as e:
+            raise SourceError(str(e)) from None
+        finally:
+            os.close(fd)
+        sizes = np.asarray(mp4.sizes, dtype=np.uint32)
+        return VideoTrack(
+            codec=mp4.codec,
+            width=mp4.width,
+            height=mp4.height,
+            fps=float(mp4.fps),
+            colorspace=mp4.matrix or ("bt709" if min(mp4.width, mp4.height) >= 720 else "bt601"),
+            full_range=bool(mp4.full_range),
+            prefix=bytes(mp4.prefix),
+            nal_length_size=0 if mp4.codec == "av1" else int(mp4.nal_length_size),
+            path=path,
+            offsets=np.asarray(mp4.offsets, dtype=np.uint64),
+            sizes=sizes,
+            keep=sizes,
+            keyframe=np.asarray(mp4.keyframes, dtype=bool),
+            display=np.asarray(mp4.display, dtype=np.int64),
+        )
+
+    def _from_index(self, src: _Source, entry: VideoEntry) -> VideoTrack:
+        rows = self._index_frames(src)[entry.row : entry.row + entry.n]
+        display = None
+        nal_length_size = 0
+        prefix = bytes.fromhex(entry.prefix)
+        if entry.codec != "av1":
+            # The index has no composition times: B-frames need the moov's display order.
+            vid = self._vid_of(src, entry.member)
+            moov = self._from_moov(vid)
+            display, nal_length_size = moov.display, moov.nal_length_size
+            if display is None:
+                display = np.arange(entry.n)
+        return VideoTrack(
+            codec=entry.codec,
+            width=entry.w,
+            height=entry.h,
+            fps=entry.fps,
+            colorspace=entry.colorspace,
+            full_range=False,
+            prefix=prefix,
+            nal_length_size=nal_length_size,
+            path=src.path,
+            offsets=rows["offset"],
+            sizes=rows["size"],
+            keep=rows["keep"],
+            keyframe=(rows["flags"] & FLAG_KEYFRAME) != 0,
+            display=display,
+        )
+
+    def _vid_of(self, src: _Source, member: str) -> int:
+        sid = self.sources.index(src)
+        for vid, ref in enumerate(self.videos):
+            if ref.source == sid and ref.member == member:
+                return vid
+        raise SourceError(f"{src.path}:{member}: not in the catalog")
+
+    def track_codec(self, vid: int) -> str:
+        """The codec of a video if known without parsing anything, else ""."""
+        entry = self.videos[vid].entry
+        if entry is not None:
+            return entry.codec
+        with self._lock:
+            track = self._tracks.get(vid)
+        return track.codec if track is not None else ""
+
+    def info(self, vid: int) -> dict[str, Any]:
+        """Per-video facts: from the index header without touching the frame table when possible."""
+        ref = self.videos[vid]
+        src = self.sources[ref.source]
+        e = ref.entry
+        if e is not None:
+            return dict(
+                n=e.n,
+                fps=e.fps,
+                height=e.h,
+                width=e.w,
+                codec=e.codec,
+                colorspace=e.colorspace,
+                source=src.path,
+                member=ref.member,
+            )
+        t = self.track(vid)
+        return dict(
+            n=t.n,
+            fps=t.fps,
+            height=t.height,
+            width=t.width,
+            codec=t.codec,
+            colorspace=t.colorspace,
+            source=src.path,
+            member=ref.member,
+        )
+
+
+def _split_index(raw: np.ndarray) -> tuple[int, np.ndarray]:
+    (length,) = struct.unpack("<Q", bytes(raw[8:16]))
+    start = (16 + length + 7) // 8 * 8
+    body = raw[start:]
+    usable = len(body) - len(body) % FRAME_RECORD.itemsize
+    return length, body[:usable].view(FRAME_RECORD)

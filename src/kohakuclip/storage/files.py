@@ -1,0 +1,69 @@
+"""A bounded cache of open file descriptors shared by the decode threads."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class FileCache:
+    """Keeps at most ``limit`` descriptors open (least recently used closed first); a descriptor
+    in use by a thread is never closed under it."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        if limit < 1:
+            raise ValueError(f"open_files must be >= 1, got {limit}")
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._open: OrderedDict[str, list[int]] = OrderedDict()  # path -> [fd, users]
+
+    @contextmanager
+    def open(self, path: str) -> Iterator[int]:
+        """A descriptor for ``path``, valid inside the ``with`` block."""
+        with self._lock:
+            slot = self._open.get(path)
+            if slot is not None:
+                slot[1] += 1
+                self._open.move_to_end(path)
+        if slot is None:
+            fd = os.open(path, os.O_RDONLY)
+            with self._lock:
+                slot = self._open.get(path)
+                if slot is None:
+                    slot = self._open[path] = [fd, 1]
+                    fd = -1
+                else:
+                    slot[1] += 1
+                self._evict()
+            if fd >= 0:  # another thread opened it meanwhile
+                os.close(fd)
+        try:
+            yield slot[0]
+        finally:
+            with self._lock:
+                slot[1] -= 1
+                if slot[1] == 0 and self._open.get(path) is not slot:
+                    os.close(slot[0])
+                self._evict()
+
+    def _evict(self) -> None:
+        for path in list(self._open):
+            if len(self._open) <= self.limit:
+                break
+            slot = self._open[path]
+            if slot[1] == 0:
+                del self._open[path]
+                os.close(slot[0])
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, users in self._open.values():
+                if users == 0:
+                    os.close(fd)
+            self._open.clear()
