@@ -43,6 +43,7 @@ class VideoSpec:
     container: str = "mp4"
     pix_fmt: str = "yuv420p"
     seed: int = 0
+    blur: float = 0.0  # Gaussian sigma: natural-looking, band-limited frames when > 0
     options: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)  # stream metadata, e.g. rotate
 
@@ -65,6 +66,10 @@ def frame_rgb(spec: VideoSpec, i: int) -> np.ndarray:
     img[block] = img[block] // 2 + 64
     bar = min(w, 4 + (i * 7) % max(1, w - 4))
     img[: max(2, h // 16), :bar] = 255
+    if spec.blur > 0:
+        import cv2
+
+        img = cv2.GaussianBlur(img, (0, 0), spec.blur)
     return img
 
 

@@ -60,19 +60,22 @@ def plan_clip(track: VideoTrack, frames: list[int] | np.ndarray, skip: bool = Tr
     keys = track.key_positions
     if len(keys) == 0 or keys[0] > wanted_decode[0]:
         keys = np.concatenate([[0], keys]).astype(np.int64)
-    gop_of = keys[np.searchsorted(keys, wanted_decode, side="right") - 1]
+    gop = np.searchsorted(keys, wanted_decode, side="right") - 1
+    if track.display is not None:
+        # Open GOPs: a leading picture (shown before its keyframe) may reference the previous
+        # GOP, so decoding starts one keyframe earlier for it.
+        leading = track.display[wanted_decode] < track.display[keys[gop]]
+        gop = np.where(leading & (gop > 0), gop - 1, gop)
+    gop_start = keys[gop]
     reads = []
     packets = 0
-    starts = np.flatnonzero(np.diff(gop_of, prepend=-1))
-    ends = np.append(starts[1:], len(gop_of))
-    for a, b in zip(starts.tolist(), ends.tolist()):
-        first = int(gop_of[a])
-        last = int(wanted_decode[b - 1])
+    for first, last in _merged_ranges(gop_start, wanted_decode):
+        in_range = wanted_decode[(wanted_decode >= first) & (wanted_decode <= last)]
         samples = np.arange(first, last + 1)
         sizes = track.sizes[first : last + 1].astype(np.int64)
         if skip:
             wanted = np.zeros(len(samples), dtype=bool)
-            wanted[wanted_decode[a:b] - first] = True
+            wanted[in_range - first] = True
             lengths = np.where(wanted, sizes, track.keep[first : last + 1].astype(np.int64))
         else:
             lengths = sizes
@@ -89,3 +92,15 @@ def plan_clip(track: VideoTrack, frames: list[int] | np.ndarray, skip: bool = Tr
         packets += len(packets_gop)
         reads.append(GopRead(base, end - base, packets_gop))
     return ClipPlan(reads, targets, packets)
+
+
+def _merged_ranges(gop_start: np.ndarray, wanted_decode: np.ndarray) -> list[tuple[int, int]]:
+    """Decode-order ranges [keyframe, last wanted sample], overlapping ones merged."""
+    ranges: list[tuple[int, int]] = []
+    order = np.argsort(gop_start, kind="stable")
+    for first, last in zip(gop_start[order].tolist(), wanted_decode[order].tolist()):
+        if ranges and first <= ranges[-1][1]:
+            ranges[-1] = (ranges[-1][0], max(ranges[-1][1], last))
+        else:
+            ranges.append((first, last))
+    return ranges

@@ -1,0 +1,291 @@
+"""Reader: clips against an independent PyAV + numpy + Pillow reference, and fast paths vs slow."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from media import VideoSpec, decode_planes, make_video, psnr
+from PIL import Image
+
+import kohakuclip
+from kohakuclip import ClipError, Reader
+from kohakuclip.write.pack import pack
+
+SPECS = {
+    "av1": VideoSpec(codec="av1", width=160, height=96, frames=48, blur=1.5),
+    "h264": VideoSpec(codec="h264", width=160, height=96, frames=48, seed=1, blur=1.5),
+    "hevc": VideoSpec(codec="hevc", width=128, height=96, frames=40, seed=2, blur=1.5),
+    "h264_tall_odd_chroma": VideoSpec(
+        codec="h264", width=98, height=134, frames=33, seed=3, blur=1.5
+    ),
+    "h264_bt709": VideoSpec(
+        codec="h264",
+        width=160,
+        height=96,
+        frames=24,
+        seed=4,
+        blur=1.5,
+        options={"colorspace": "bt709", "color_primaries": "bt709", "color_trc": "bt709"},
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Corpus:
+    root: str
+    names: list[str]  # member names, in reader order
+    data: dict[str, bytes]
+
+    @property
+    def zip(self) -> str:
+        return os.path.join(self.root, "shard.zip")
+
+    @property
+    def tar(self) -> str:
+        return os.path.join(self.root, "shard.tar")
+
+    @property
+    def folder(self) -> str:
+        return os.path.join(self.root, "folder")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
+    root = str(tmp_path_factory.mktemp("reader"))
+    data = {f"{k}.mp4": make_video(spec) for k, spec in SPECS.items()}
+    names = sorted(data)
+    members = [(n, data[n]) for n in names]
+    pack(os.path.join(root, "shard.zip"), members)
+    pack(os.path.join(root, "shard.tar"), members)
+    os.makedirs(os.path.join(root, "folder", "sub"))
+    for n in names:
+        with open(os.path.join(root, "folder", "sub", n), "wb") as f:
+            f.write(data[n])
+    return Corpus(root, names, data)
+
+
+def _bilinear(plane: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
+    """Plain numpy bilinear resampling with pixel-centre alignment (for chroma upsampling)."""
+    h, w = plane.shape
+    ys = np.clip((np.arange(out_h) + 0.5) * h / out_h - 0.5, 0, h - 1)
+    xs = np.clip((np.arange(out_w) + 0.5) * w / out_w - 0.5, 0, w - 1)
+    y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+    fy, fx = (ys - y0)[:, None], (xs - x0)[None, :]
+    p = plane.astype(np.float64)
+    top = p[y0][:, x0] * (1 - fx) + p[y0][:, x1] * fx
+    bottom = p[y1][:, x0] * (1 - fx) + p[y1][:, x1] * fx
+    return top * (1 - fy) + bottom * fy
+
+
+def reference_clip(
+    data: bytes, frames: list[int], crop: np.ndarray, flips: np.ndarray, size: int, bt709: bool
+) -> np.ndarray:
+    """PyAV decode (display order) -> numpy YUV->RGB -> crop -> Pillow antialiased resize."""
+    planes = decode_planes(data)
+    kr, kb = (0.2126, 0.0722) if bt709 else (0.299, 0.114)
+    kg = 1 - kr - kb
+    x, y, w, h = (int(v) for v in crop)
+    out = []
+    for f in frames:
+        yp, up, vp = planes[f]
+        hh, ww = yp.shape
+        u = _bilinear(up, 2 * up.shape[0], 2 * up.shape[1])[:hh, :ww]
+        v = _bilinear(vp, 2 * vp.shape[0], 2 * vp.shape[1])[:hh, :ww]
+        luma = (yp.astype(np.float64) - 16) * 255 / 219
+        cb, cr = (u - 128) * 255 / 224, (v - 128) * 255 / 224
+        r = luma + 2 * (1 - kr) * cr
+        b = luma + 2 * (1 - kb) * cb
+        g = (luma - kr * r - kb * b) / kg
+        rgb = np.stack([r, g, b])[:, y : y + h, x : x + w]
+        chans = [
+            np.asarray(
+                Image.fromarray(c.astype(np.float32), "F").resize((size, size), Image.BILINEAR)
+            )
+            for c in rgb
+        ]
+        img = np.clip(np.round(np.stack(chans)), 0, 255).astype(np.uint8)
+        if flips[0]:
+            img = img[:, :, ::-1]
+        if flips[1]:
+            img = img[:, ::-1, :]
+        out.append(img)
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_clips_match_reference(corpus: Corpus, name: str) -> None:
+    member = f"{name}.mp4"
+    vid = corpus.names.index(member)
+    with Reader(corpus.zip, size=64, threads=2, hflip=0.5, vflip=0.5, seed=3) as reader:
+        info = reader.info(vid)
+        assert info.member == member
+        rng = np.random.default_rng(0)
+        items = [(vid, kohakuclip.random_frames(info.n, 6, rng)) for _ in range(3)]
+        items.append((vid, [info.n - 1, 0, info.n // 2, 0]))  # unsorted with a repeat
+        items[-1] = (vid, items[-1][1] + items[-1][1][:2])
+        batch = reader.read(items)
+    assert batch.video.shape == (4, 6, 3, 64, 64)
+    assert batch.flips.any(), "with p=0.5 some of 4 clips should flip"
+    bt709 = name.endswith("bt709")
+    assert batch.colorspaces[0] == ("bt709" if bt709 else "bt601")
+    for i, (_, frames) in enumerate(items):
+        ref = reference_clip(corpus.data[member], frames, batch.crops[i], batch.flips[i], 64, bt709)
+        for t in range(len(frames)):
+            assert psnr(batch.video[i, t], ref[t]) >= 40, (name, i, t, frames[t])
+
+
+def test_display_order_is_exact_on_b_frames(corpus: Corpus) -> None:
+    """Luma at the stored size (no resize) equals PyAV's display-order decode bit for bit."""
+    for name in ("h264.mp4", "hevc.mp4", "av1.mp4"):
+        vid = corpus.names.index(name)
+        planes = decode_planes(corpus.data[name])
+        with Reader(corpus.zip, size=96, crop="center", mode="yuv_resized") as reader:
+            frames = [len(planes) - 1, 3, 1, 2, 0, 17, 9, 30]
+            batch = reader.read([(vid, frames)])
+        x, y, w, h = batch.crops[0]
+        for t, f in enumerate(frames):
+            luma = batch.video[0, t, : 96 * 96].reshape(96, 96)
+            assert np.array_equal(luma, planes[f][0][y : y + h, x : x + w]), (name, f)
+
+
+def _all_clips(reader: Reader, seed: int = 5) -> tuple[np.ndarray, list]:
+    items = reader.sample(2 * len(reader), 8, fps=6.0, seed=seed)
+    batch = reader.read(items, seed=seed)
+    return batch.video, items
+
+
+def test_zip_tar_folder_and_moov_fallback_agree(corpus: Corpus) -> None:
+    outputs = []
+    for sources, use_index in [
+        (corpus.zip, True),
+        (corpus.zip, False),
+        (corpus.tar, True),
+        (corpus.tar, False),
+        (corpus.folder, True),
+    ]:
+        with Reader(sources, size=48, threads=2, seed=1, use_index=use_index) as reader:
+            assert [os.path.basename(reader.info(v).member) for v in range(len(reader))] == (
+                corpus.names
+            )
+            outputs.append(_all_clips(reader))
+    video0, items0 = outputs[0]
+    for video, items in outputs[1:]:
+        assert items == items0
+        assert np.array_equal(video, video0)
+
+
+def test_skip_equals_full_decode_and_threads_agree(corpus: Corpus) -> None:
+    results = []
+    for skip, threads in [(True, 1), (False, 1), (True, 3)]:
+        with Reader(corpus.zip, size=40, threads=threads, skip=skip, seed=2) as reader:
+            rng = np.random.default_rng(9)
+            items = [
+                (v, kohakuclip.random_frames(reader.info(v).n, 5, rng))
+                for v in range(len(reader))
+                for _ in range(3)
+            ]
+            results.append(reader.read(items, seed=11).video)
+            if skip:
+                assert reader.stats()["packets"] > 0
+    assert np.array_equal(results[0], results[1])
+    assert np.array_equal(results[0], results[2])
+
+
+def test_skip_decodes_less(corpus: Corpus) -> None:
+    packets = {}
+    for skip in (True, False):
+        with Reader(corpus.zip, size=32, skip=skip) as reader:
+            vid = corpus.names.index("av1.mp4")
+            reader.read([(vid, [15, 31, 47])])
+            packets[skip] = reader.stats()["packets"]
+    assert packets[True] < packets[False]
+
+
+def test_same_seed_same_batch_and_crops_vary(corpus: Corpus) -> None:
+    with Reader(corpus.zip, size=32, hflip=0.5, seed=0) as reader:
+        items = [(0, [0, 1, 2])] * 8
+        a = reader.read(items, seed=42)
+        b = reader.read(items, seed=42)
+        c = reader.read(items, seed=43)
+    assert np.array_equal(a.video, b.video) and np.array_equal(a.crops, b.crops)
+    assert len({tuple(x) for x in a.crops}) > 1, "random crops should move"
+    assert not (np.array_equal(a.crops, c.crops) and np.array_equal(a.flips, c.flips))
+
+
+def test_out_buffer_and_pending_queueing(corpus: Corpus) -> None:
+    with Reader(corpus.zip, size=32, threads=2, seed=0) as reader:
+        items = reader.sample(4, 4, seed=1)
+        out = np.zeros(reader.batch_shape(4, 4), np.uint8)
+        pendings = [reader.submit(items, out=out if i == 0 else None, seed=7) for i in range(3)]
+        results = [p.result(timeout=60) for p in pendings]
+    assert results[0].video is out
+    assert np.array_equal(results[0].video, results[2].video)
+    with pytest.raises(ValueError, match="shape"):
+        Reader(corpus.zip, size=32).submit(items, out=np.zeros((1, 2, 3), np.uint8))
+
+
+def test_sample_policy_on_short_videos(corpus: Corpus) -> None:
+    with Reader(corpus.zip, size=32) as reader:
+        for vid in range(len(reader)):
+            n = reader.info(vid).n
+            for frames, fps in [(8, 6.0), (n + 5, None), (3 * n, 1.0)]:
+                (item,) = reader.sample(1, frames, fps=fps, videos=[vid], seed=vid)
+                assert item[0] == vid and len(item[1]) == frames
+                assert all(0 <= f < n for f in item[1])
+                assert item[1] == sorted(item[1])
+        items = reader.sample(3, 4, spread=True, seed=0)
+        assert all(len(f) == 4 for _, f in items)
+
+
+def test_bad_requests_raise_clear_errors(corpus: Corpus) -> None:
+    with Reader(corpus.zip, size=32) as reader:
+        with pytest.raises(IndexError, match="out of range"):
+            reader.read([(len(reader), [0])])
+        n = reader.info(0).n
+        with pytest.raises(ClipError, match=rf"shard.zip:{corpus.names[0]}.*out of range"):
+            reader.read([(0, [0, n])])
+        with pytest.raises(ValueError, match="same number of frames"):
+            reader.read([(0, [0, 1]), (1, [0])])
+        assert reader.read([(0, [0, 1])]).video.shape[0] == 1  # still serving
+    for kwargs in [dict(mode="bgr"), dict(crop="left"), dict(hflip=2.0), dict(threads=0)]:
+        with pytest.raises(ValueError):
+            Reader(corpus.zip, **kwargs)  # type: ignore[arg-type]
+
+
+def test_corrupt_sample_names_file_and_pool_keeps_working(corpus: Corpus, tmp_path) -> None:
+    bad = str(tmp_path / "bad.zip")
+    shutil.copy(corpus.zip, bad)
+    with Reader(bad, size=32) as probe:
+        vid = corpus.names.index("h264.mp4")
+        track = probe._catalog.track(vid)
+        start = int(track.offsets[0])
+        length = int(track.sizes[0])
+    with open(bad, "r+b") as f:  # overwrite the first keyframe with garbage
+        f.seek(start)
+        f.write(np.random.default_rng(0).integers(0, 256, length, dtype=np.uint8).tobytes())
+    with Reader(bad, size=32, threads=2) as reader:
+        with pytest.raises(ClipError, match=r"bad.zip:h264.mp4"):
+            reader.read([(vid, [0, 1, 2])])
+        for _ in range(3):  # later batches on the same pool are fine
+            good = [v for v in range(len(reader)) if v != vid]
+            batch = reader.read([(v, [0, 1]) for v in good])
+            assert batch.video.shape[0] == len(good)
+
+
+def test_missing_and_bad_sources(tmp_path) -> None:
+    with pytest.raises(ValueError, match="no such file"):
+        Reader(str(tmp_path / "nope.zip"))
+    junk = tmp_path / "junk.zip"
+    junk.write_bytes(b"not a zip at all" * 10)
+    with pytest.raises(ValueError, match="junk.zip"):
+        Reader(str(junk))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert len(Reader(str(empty))) == 0
+    with pytest.raises(ValueError, match="no videos"):
+        Reader(str(empty)).sample(1, 4)
