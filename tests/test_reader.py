@@ -282,7 +282,7 @@ def test_missing_and_bad_sources(tmp_path) -> None:
         Reader(str(tmp_path / "nope.zip"))
     junk = tmp_path / "junk.zip"
     junk.write_bytes(b"not a zip at all" * 10)
-    with pytest.raises(ValueError, match="junk.zip"):
+    with pytest.raises(ValueError, match=r"junk\.zip"):
         Reader(str(junk))
     empty = tmp_path / "empty"
     empty.mkdir()

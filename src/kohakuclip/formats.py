@@ -97,3 +97,29 @@ GULP_ALIGNMENT = 4
 """GulpIO: JPEG frames right-padded with zero bytes to a multiple of 4 in data_<i>.gulp;
 meta_<i>.gmeta is JSON ``{id: {"frame_info": [[offset, pad, length_with_pad], ...],
 "meta_data": [{...}]}}``."""
+
+AV1_DEPS_MEMBER = "__av1deps__.bin"
+"""Optional shard member next to the index: per AV1 frame OBU, its byte range and slots."""
+
+AV1_DEPS_MAGIC = b"KCAV1D\0\0"
+"""Same framing as KCIDX1; JSON ``{"videos": [{"member", "row", "n", "samples"}]}`` where ``row``
+and ``n`` select the video's AV1_FRAME_RECORDs and ``samples`` is its number of mp4 samples."""
+
+AV1_FRAME_RECORD = np.dtype(
+    [
+        ("sample", "<u4"),  # sample index within the video (decode order)
+        ("start", "<u4"),  # byte range of the frame's OBUs (header + tile groups) in the sample
+        ("end", "<u4"),
+        ("frame_type", "u1"),  # 0 key, 1 inter, 2 intra-only, 3 switch
+        ("flags", "u1"),  # AV1_SHOW_FRAME | AV1_SHOW_EXISTING | AV1_SHOWABLE | AV1_READS_ALL
+        ("refresh", "u1"),  # refresh_frame_flags: the reference slots this frame writes
+        ("reads", "u1"),  # the reference slots decoding it reads (show_existing: the shown slot)
+    ]
+)
+"""One AV1 frame (a frame header OBU and its tile groups) in decode order: 16 bytes."""
+assert AV1_FRAME_RECORD.itemsize == 16
+
+AV1_SHOW_FRAME = 1  # the frame is output (show_frame, or show_existing_frame)
+AV1_SHOW_EXISTING = 2  # show_existing_frame: outputs the frame in slot ``reads`` again
+AV1_SHOWABLE = 4
+AV1_READS_ALL = 8  # reads widened to every slot: the decoder derives refs from all slots' state
