@@ -12,7 +12,7 @@ from typing import Literal
 import cv2
 import numpy as np
 
-OutputMode = Literal["rgb", "yuv_resized"]
+OutputMode = Literal["rgb", "yuv_resized", "yuv"]
 
 _KR_KB = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722)}
 
@@ -92,28 +92,54 @@ def _chroma_window(c: np.ndarray, crop: Crop) -> np.ndarray:
     return c[y0 : (crop.y + crop.h + 1) // 2, x0 : (crop.x + crop.w + 1) // 2]
 
 
-class PixelWriter:
-    """Per-thread buffers and the per-frame pixel pipeline for one output mode and size."""
+def yuv420_planes(flat: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Views of the Y (side x side) and U, V (ceil(side/2) squared) planes packed in ``flat``."""
+    c = (side + 1) // 2
+    y = flat[: side * side].reshape(side, side)
+    u = flat[side * side : side * side + c * c].reshape(c, c)
+    v = flat[side * side + c * c : side * side + 2 * c * c].reshape(c, c)
+    return y, u, v
 
-    def __init__(self, size: int, mode: OutputMode = "rgb") -> None:
+
+def yuv420_frame_bytes(side: int) -> int:
+    """Bytes of one packed 4:2:0 frame of ``side`` x ``side`` pixels."""
+    c = (side + 1) // 2
+    return side * side + 2 * c * c
+
+
+def _flip_code(hflip: bool, vflip: bool) -> int:
+    return -1 if hflip and vflip else (1 if hflip else 0)
+
+
+class PixelWriter:
+    """Per-thread buffers and the per-frame pixel pipeline for one output mode and size.
+
+    ``rgb``: the crop resized to ``size`` and converted, planar [3, size, size], flipped.
+    ``yuv_resized``: the crop's planes resized to ``size`` (chroma at half), packed 4:2:0, flipped.
+    ``yuv``: the crop's planes at stored resolution, packed 4:2:0 into a ``window`` square (top
+    left; the rest of the frame is left as is), not flipped: the batch records crop and flips.
+    """
+
+    def __init__(self, size: int, mode: OutputMode = "rgb", window: int = 512) -> None:
         self.size = size
         self.mode = mode
+        self.window = window
         s = size
-        self._y = np.empty((s, s), np.uint8)
-        self._u = np.empty((s, s), np.uint8)
-        self._v = np.empty((s, s), np.uint8)
-        self._yuv = np.empty((s, s, 3), np.uint8)
-        self._flipped = np.empty((s, s, 3), np.uint8)
-        self._rgb = np.empty((s, s, 3), np.uint8)
+        if mode == "rgb":
+            self._y = np.empty((s, s), np.uint8)
+            self._u = np.empty((s, s), np.uint8)
+            self._v = np.empty((s, s), np.uint8)
+            self._yuv = np.empty((s, s, 3), np.uint8)
+            self._flipped = np.empty((s, s, 3), np.uint8)
+            self._rgb = np.empty((s, s, 3), np.uint8)
         self._matrices: dict[tuple[str, bool], np.ndarray] = {}
 
     @staticmethod
-    def frame_shape(size: int, mode: OutputMode) -> tuple[int, ...]:
+    def frame_shape(size: int, mode: OutputMode, window: int = 512) -> tuple[int, ...]:
         """Shape of one output frame."""
         if mode == "rgb":
             return (3, size, size)
-        c = (size + 1) // 2
-        return (size * size + 2 * c * c,)
+        return (yuv420_frame_bytes(window if mode == "yuv" else size),)
 
     def _matrix(self, colorspace: str, full_range: bool) -> np.ndarray:
         key = (colorspace, full_range)
@@ -134,30 +160,26 @@ class PixelWriter:
     ) -> None:
         """Write one frame's output into ``dst`` (shape ``frame_shape``)."""
         y, u, v = planes
-        y_win = y[crop.y : crop.y + crop.h, crop.x : crop.x + crop.w]
+        windows = (
+            y[crop.y : crop.y + crop.h, crop.x : crop.x + crop.w],
+            _chroma_window(u, crop),
+            _chroma_window(v, crop),
+        )
         if self.mode == "rgb":
-            resize_plane(y_win, self._y)
-            resize_plane(_chroma_window(u, crop), self._u)
-            resize_plane(_chroma_window(v, crop), self._v)
+            for src, out in zip(windows, (self._y, self._u, self._v)):
+                resize_plane(src, out)
             cv2.merge([self._y, self._u, self._v], dst=self._yuv)
             yuv = self._yuv
             if hflip or vflip:
-                code = -1 if hflip and vflip else (1 if hflip else 0)
-                cv2.flip(self._yuv, code, dst=self._flipped)
+                cv2.flip(self._yuv, _flip_code(hflip, vflip), dst=self._flipped)
                 yuv = self._flipped
             cv2.transform(yuv, self._matrix(colorspace, full_range), dst=self._rgb)
             cv2.split(self._rgb, [dst[0], dst[1], dst[2]])
-            return
-        s = self.size
-        c = (s + 1) // 2
-        out_y = dst[: s * s].reshape(s, s)
-        out_u = dst[s * s : s * s + c * c].reshape(c, c)
-        out_v = dst[s * s + c * c :].reshape(c, c)
-        for src, out in (
-            (y_win, out_y),
-            (_chroma_window(u, crop), out_u),
-            (_chroma_window(v, crop), out_v),
-        ):
-            resize_plane(src, out)
-            if hflip or vflip:
-                cv2.flip(out, -1 if hflip and vflip else (1 if hflip else 0), dst=out)
+        elif self.mode == "yuv_resized":
+            for src, out in zip(windows, yuv420_planes(dst, self.size)):
+                resize_plane(src, out)
+                if hflip or vflip:
+                    cv2.flip(out, _flip_code(hflip, vflip), dst=out)
+        else:
+            for src, out in zip(windows, yuv420_planes(dst, self.window)):
+                out[: src.shape[0], : src.shape[1]] = src

@@ -55,9 +55,9 @@ class Batch:
 class _Worker:
     """Per-thread state: decoders and pixel buffers."""
 
-    def __init__(self, size: int, mode: OutputMode) -> None:
+    def __init__(self, size: int, mode: OutputMode, window: int) -> None:
         self.decoder = ClipDecoder()
-        self.pixels = PixelWriter(size, mode)
+        self.pixels = PixelWriter(size, mode, window)
 
 
 class Reader:
@@ -66,6 +66,10 @@ class Reader:
     ``sources``: shard archives (with or without an index) and folder trees of mp4 files.
     Each clip is cropped to the short-side square (random or centred), resized to ``size``,
     optionally flipped, and written into one uint8 batch. Decoding runs on ``threads`` threads.
+    ``mode`` picks the output: ``rgb`` [N, T, 3, S, S]; ``yuv_resized`` packed 4:2:0 planes at
+    ``size``; ``yuv`` the stored-resolution crop window, packed 4:2:0 in a ``window`` square
+    (default: the largest short side the indexes announce, else 512), finished on the GPU by
+    ``kohakuclip.torch.yuv_to_rgb``.
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class Reader:
         use_index: bool = True,
         open_files: int = 4096,
         moov_cache: int = 4096,
+        window: int | None = None,
     ) -> None:
         if mode not in get_args(OutputMode):
             raise ValueError(f"mode must be one of {get_args(OutputMode)}, got {mode!r}")
@@ -99,6 +104,9 @@ class Reader:
         self.crop, self.hflip, self.vflip, self.skip = crop, hflip, vflip, skip
         self._open_files = open_files
         self._catalog = Catalog([os.fspath(p) for p in paths], use_index, moov_cache)
+        self.window = window if window is not None else self._catalog.max_short_side(512)
+        if self.window % 2:
+            raise ValueError(f"window must be even, got {self.window}")
         self._rng = np.random.default_rng(seed)
         self._pid = -1
         self._pool: ThreadPool | None = None
@@ -158,7 +166,7 @@ class Reader:
     # -- reading -----------------------------------------------------------------------------
     def batch_shape(self, n_items: int, frames: int) -> tuple[int, ...]:
         """Shape of the ``video`` array of a batch of ``n_items`` clips of ``frames`` frames."""
-        return (n_items, frames, *PixelWriter.frame_shape(self.size, self.mode))
+        return (n_items, frames, *PixelWriter.frame_shape(self.size, self.mode, self.window))
 
     def _ensure_process(self) -> tuple[ThreadPool, FileCache]:
         """Threads and descriptors belong to one process: recreate them after a fork."""
@@ -167,8 +175,8 @@ class Reader:
             self._catalog.after_fork()
             self._stats_lock = threading.Lock()
             self._files = FileCache(self._open_files)
-            size, mode = self.size, self.mode
-            self._pool = ThreadPool(self.threads, lambda: _Worker(size, mode))
+            size, mode, window = self.size, self.mode, self.window
+            self._pool = ThreadPool(self.threads, lambda: _Worker(size, mode, window))
         return self._pool, self._files
 
     def submit(
@@ -251,6 +259,8 @@ class Reader:
         crop: Crop = square_crop(track.width, track.height, rng if self.crop == "random" else None)
         hflip = bool(rng.random() < self.hflip)
         vflip = bool(rng.random() < self.vflip)
+        if self.mode == "yuv" and crop.w > self.window:
+            raise ClipError(f"short side {crop.w} exceeds the yuv window {self.window} (window=)")
         batch.crops[i] = (crop.x, crop.y, crop.w, crop.h)
         batch.flips[i] = (hflip, vflip)
         batch.colorspaces[i] = track.colorspace

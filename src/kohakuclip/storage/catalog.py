@@ -300,6 +300,13 @@ class Catalog:
                 return vid
         raise SourceError(f"{src.path}:{member}: not in the catalog")
 
+    def max_short_side(self, default: int) -> int:
+        """The largest short side the index headers announce; ``default`` if any is unknown."""
+        sides = [min(r.entry.w, r.entry.h) for r in self.videos if r.entry is not None]
+        if len(sides) < len(self.videos) or not sides:
+            return default
+        return max(sides) + max(sides) % 2
+
     def track_codec(self, vid: int) -> str:
         """The codec of a video if known without parsing anything, else ""."""
         entry = self.videos[vid].entry
