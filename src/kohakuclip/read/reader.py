@@ -49,7 +49,9 @@ class Batch:
     items: list[tuple[int, list[int]]]
     crops: np.ndarray  # int32 [N, 4]: x, y, w, h of the window in stored pixels
     flips: np.ndarray  # bool [N, 2]: horizontal, vertical
-    colorspaces: list[str]
+    colorspaces: list[str]  # per clip: "bt601" | "bt709"
+    full_range: np.ndarray  # bool [N]: full-range (JPEG-style) samples instead of limited
+    mode: OutputMode = "rgb"
 
 
 class _Worker:
@@ -224,6 +226,8 @@ class Reader:
             crops=np.zeros((len(clean), 4), np.int32),
             flips=np.zeros((len(clean), 2), bool),
             colorspaces=[""] * len(clean),
+            full_range=np.zeros(len(clean), bool),
+            mode=self.mode,
         )
         pool, files = self._ensure_process()
         pending: Pending[Batch] = Pending(len(clean), batch)
@@ -264,6 +268,7 @@ class Reader:
         batch.crops[i] = (crop.x, crop.y, crop.w, crop.h)
         batch.flips[i] = (hflip, vflip)
         batch.colorspaces[i] = track.colorspace
+        batch.full_range[i] = track.full_range
         plan = plan_clip(track, frames, self.skip)
         out = batch.video[i]
         written: dict[int, int] = {}
