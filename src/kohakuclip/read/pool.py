@@ -72,6 +72,7 @@ class ThreadPool:
                 pending._finish_task(e)
             else:
                 pending._finish_task(None)
+            del item, task, pending  # an idle thread must not keep a dropped batch alive
 
     def submit(self, tasks: list[Task], pending: Pending[Any]) -> None:
         for task in tasks:

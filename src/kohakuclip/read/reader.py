@@ -104,15 +104,13 @@ class Reader:
         paths = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
         self.size, self.mode, self.threads = size, mode, threads
         self.crop, self.hflip, self.vflip, self.skip = crop, hflip, vflip, skip
-        self._open_files = open_files
-        self._catalog = Catalog([os.fspath(p) for p in paths], use_index, moov_cache)
+        self._catalog = Catalog([os.fspath(p) for p in paths], use_index, moov_cache, open_files)
         self.window = window if window is not None else self._catalog.max_short_side(512)
         if self.window % 2:
             raise ValueError(f"window must be even, got {self.window}")
         self._rng = np.random.default_rng(seed)
         self._pid = -1
         self._pool: ThreadPool | None = None
-        self._files: FileCache | None = None
         self._stats_lock = threading.Lock()
         self._stats = {
             "clips": 0,
@@ -172,14 +170,13 @@ class Reader:
 
     def _ensure_process(self) -> tuple[ThreadPool, FileCache]:
         """Threads and descriptors belong to one process: recreate them after a fork."""
-        if self._pid != os.getpid() or self._pool is None or self._files is None:
+        self._catalog.ensure_process()
+        if self._pid != os.getpid() or self._pool is None:
             self._pid = os.getpid()
-            self._catalog.after_fork()
             self._stats_lock = threading.Lock()
-            self._files = FileCache(self._open_files)
             size, mode, window = self.size, self.mode, self.window
             self._pool = ThreadPool(self.threads, lambda: _Worker(size, mode, window))
-        return self._pool, self._files
+        return self._pool, self._catalog.files
 
     def submit(
         self,
@@ -310,10 +307,8 @@ class Reader:
         """Join the threads and close the files."""
         if self._pool is not None and self._pid == os.getpid():
             self._pool.close()
-        if self._files is not None and self._pid == os.getpid():
-            self._files.close()
         self._pool = None
-        self._files = None
+        self._catalog.close()
 
     def __enter__(self) -> Reader:
         return self

@@ -23,6 +23,7 @@ from kohakuclip.formats import (
     VIDEO_INDEX_MAGIC,
     VideoEntry,
 )
+from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.index import IndexFormatError, decode_index, video_entries
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
@@ -82,14 +83,22 @@ class _Source:
     kind: str  # "zip" | "tar" | "folder"
     index_member: Member | None = None
     members: dict[str, Member] | None = None  # filled lazily for archives
-    frames: np.ndarray | None = None  # index records (per process)
-    frames_pid: int = -1
+    records_start: int = 0  # absolute offset of the first index record
 
 
 class Catalog:
     """The videos of many sources, with an LRU of resolved frame tables."""
 
-    def __init__(self, sources: list[str], use_index: bool = True, cache_size: int = 4096) -> None:
+    def __init__(
+        self,
+        sources: list[str],
+        use_index: bool = True,
+        cache_size: int = 4096,
+        open_files: int = 4096,
+    ) -> None:
+        self._open_files = open_files
+        self._pid = os.getpid()
+        self.files = FileCache(open_files)
         self.sources: list[_Source] = []
         self.videos: list[VideoRef] = []
         self._lock = threading.Lock()
@@ -150,6 +159,7 @@ class Catalog:
             videos = video_entries(header, where)
         except IndexFormatError as e:
             raise SourceError(str(e)) from None
+        src.records_start = member.offset + (16 + length + 7) // 8 * 8
         n_records = (member.size - (16 + length + 7) // 8 * 8) // FRAME_RECORD.itemsize
         for v in videos:
             if v.row < 0 or v.row + v.n > n_records:
@@ -165,24 +175,29 @@ class Catalog:
             src.members = {m.name: m for m in listed}
         return src.members
 
-    def _index_frames(self, src: _Source) -> np.ndarray:
-        """The index records, memory-mapped once per process (never shared across a fork)."""
-        if src.frames is None or src.frames_pid != os.getpid():
-            member = src.index_member
-            assert member is not None
-            raw = np.memmap(
-                src.path, dtype=np.uint8, mode="r", offset=member.offset, shape=(member.size,)
-            )
-            _, frames = _split_index(raw)
-            src.frames, src.frames_pid = frames, os.getpid()
-        return src.frames
+    def _index_rows(self, src: _Source, entry: VideoEntry) -> np.ndarray:
+        """One video's index records, read with one pread through the descriptor cache."""
+        size = entry.n * FRAME_RECORD.itemsize
+        start = src.records_start + entry.row * FRAME_RECORD.itemsize
+        with self.files.open(src.path) as fd:
+            raw = os.pread(fd, size, start)
+        if len(raw) != size:
+            raise SourceError(f"{src.path}:{INDEX_MEMBER}: truncated frame table")
+        return np.frombuffer(raw, dtype=FRAME_RECORD)
 
-    def after_fork(self) -> None:
-        """Forget per-process state (locks, memory maps) inherited through a fork."""
-        self._lock = threading.Lock()
-        for src in self.sources:
-            if src.frames_pid != os.getpid():
-                src.frames = None
+    def ensure_process(self) -> None:
+        """After a fork, forget the parent's locks and descriptors (never used across a fork)."""
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()
+            self._pid = os.getpid()
+            self.files = FileCache(self._open_files)
+
+    def close(self) -> None:
+        """Close every descriptor and drop the cached frame tables."""
+        if self._pid == os.getpid():
+            self.files.close()
+        with self._lock:
+            self._tracks.clear()
 
     # -- per video -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -265,7 +280,7 @@ class Catalog:
         )
 
     def _from_index(self, src: _Source, entry: VideoEntry) -> VideoTrack:
-        rows = self._index_frames(src)[entry.row : entry.row + entry.n]
+        rows = self._index_rows(src, entry)
         display = None
         nal_length_size = 0
         prefix = bytes.fromhex(entry.prefix)
@@ -343,11 +358,3 @@ class Catalog:
             source=src.path,
             member=ref.member,
         )
-
-
-def _split_index(raw: np.ndarray) -> tuple[int, np.ndarray]:
-    (length,) = struct.unpack("<Q", bytes(raw[8:16]))
-    start = (16 + length + 7) // 8 * 8
-    body = raw[start:]
-    usable = len(body) - len(body) % FRAME_RECORD.itemsize
-    return length, body[:usable].view(FRAME_RECORD)
