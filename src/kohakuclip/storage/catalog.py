@@ -61,20 +61,22 @@ class VideoTrack:
     sizes: np.ndarray
     keep: np.ndarray  # bytes later frames need (== sizes where unknown)
     keyframe: np.ndarray  # bool
-    display: np.ndarray | None = None  # decode index -> display index (None: identity)
+    # decode index -> display index, -1 for samples decoded but never shown (trimmed by an edit
+    # list); None: identity
+    display: np.ndarray | None = None
     decode_of_display: np.ndarray | None = None  # display index -> decode index
     key_positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    n: int = 0  # frames shown
 
     def __post_init__(self) -> None:
         self.key_positions = np.flatnonzero(self.keyframe)
+        self.n = len(self.sizes)
         if self.display is not None and not np.array_equal(self.display, np.arange(self.n)):
-            self.decode_of_display = np.argsort(self.display, kind="stable")
+            shown = np.flatnonzero(self.display >= 0)
+            self.n = len(shown)
+            self.decode_of_display = shown[np.argsort(self.display[shown], kind="stable")]
         else:
             self.display = None
-
-    @property
-    def n(self) -> int:
-        return len(self.sizes)
 
 
 @dataclass
