@@ -1,0 +1,278 @@
+"""Command lines: ingest (20BN JSON videos, image folders, image lists, any adapter class),
+register an adapter class as a script, and check a gulp directory.
+
+Options take GulpIO's spelling (``--videos_per_chunk``) or the dashed one (``--videos-per-chunk``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import inspect
+import os
+import re
+import stat
+import sys
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kohakuclip.gulp.adapters import (
+    AbstractDatasetAdapter,
+    ImageFolderAdapter,
+    ImageListAdapter,
+    JsonVideoAdapter,
+)
+from kohakuclip.gulp.frames import JPEG_QUALITY, GulpError
+from kohakuclip.gulp.ingest import GulpIngestor
+from kohakuclip.gulp.sanity import check_gulp_directory
+
+
+def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+    """``--a_b`` and ``--a-b`` for the same option."""
+    flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+    parser.add_argument(*flags, dest=name, **kwargs)
+
+
+def _ingest_options(parser: argparse.ArgumentParser, per_chunk: str) -> None:
+    _option(parser, per_chunk, type=int, default=100, help="items per chunk (default 100)")
+    _option(parser, "num_workers", type=int, default=4, help="processes (default 4)")
+    _option(parser, "quality", type=int, default=JPEG_QUALITY, help="JPEG quality (default 90)")
+    _option(parser, "shuffle", action="store_true", help="shuffle the items (seeded) first")
+    _option(parser, "seed", type=int, default=0, help="shuffle seed (default 0)")
+    _option(parser, "strict", action="store_true", help="stop at an unreadable input")
+    _option(parser, "quiet", action="store_true", help="no progress bar")
+
+
+def _ingest(
+    adapter: AbstractDatasetAdapter, output: str, per_chunk: int, args: argparse.Namespace
+) -> int:
+    report = GulpIngestor(
+        adapter, output, per_chunk, args.num_workers, quality=args.quality, progress=not args.quiet
+    )()
+    print(f"{output}: {report.written} items in {len(report.chunks)} new chunks")
+    if report.existing:
+        print(f"{len(report.existing)} ids already present, not written again")
+    if report.empty:
+        print(f"{len(report.empty)} items without frames, skipped: {', '.join(report.empty[:20])}")
+    return 0
+
+
+def _exits_on_gulp_error(
+    main: Callable[[Sequence[str] | None], int],
+) -> Callable[[Sequence[str] | None], int]:
+    """A GulpError ends the command with its message and exit status 1, not a traceback."""
+
+    @functools.wraps(main)
+    def run(argv: Sequence[str] | None = None) -> int:
+        try:
+            return main(argv)
+        except GulpError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+@_exits_on_gulp_error
+def json_videos_main(argv: Sequence[str] | None = None) -> int:
+    """gulp_20bn_json_videos: videos listed in a 20BN-style JSON file."""
+    parser = argparse.ArgumentParser(
+        prog="gulp_20bn_json_videos",
+        description="Gulp the videos listed in a JSON file ([{'id': ..., 'label': ...}]), "
+        "found as <videos_dir>/<id>.<ext> or <videos_dir>/<id>/<one video>.",
+    )
+    parser.add_argument("input_json")
+    parser.add_argument("videos_directory")
+    parser.add_argument("output_directory")
+    _ingest_options(parser, "videos_per_chunk")
+    _option(parser, "frame_size", type=int, default=-1, help="short side (default -1: keep)")
+    _option(parser, "frame_rate", type=float, default=8, help="fps (default 8; <= 0: all)")
+    _option(parser, "label_name", default=None, help="label key (default template or label)")
+    _option(parser, "label2idx", default=None, help="JSON label map to use (dict or list)")
+    _option(parser, "remove_duplicate_ids", action="store_true", help="keep first of repeats")
+    args = parser.parse_args(argv)
+    adapter = JsonVideoAdapter(
+        args.input_json,
+        args.videos_directory,
+        shuffle=args.shuffle,
+        frame_size=args.frame_size,
+        frame_rate=args.frame_rate,
+        label_name=args.label_name,
+        label2idx=args.label2idx,
+        remove_duplicate_ids=args.remove_duplicate_ids,
+        seed=args.seed,
+        strict=args.strict,
+    )
+    return _ingest(adapter, args.output_directory, args.videos_per_chunk, args)
+
+
+@_exits_on_gulp_error
+def image_folder_main(argv: Sequence[str] | None = None) -> int:
+    """gulp_image_folder: images in <label>/ subfolders."""
+    parser = argparse.ArgumentParser(
+        prog="gulp_image_folder", description="Gulp images_directory/<label>/**/<image>."
+    )
+    parser.add_argument("images_directory")
+    parser.add_argument("output_directory")
+    _ingest_options(parser, "images_per_chunk")
+    _option(parser, "image_size", type=int, default=-1, help="short side (default -1: keep)")
+    _option(parser, "label2idx", default=None, help="JSON label map to use (dict or list)")
+    args = parser.parse_args(argv)
+    adapter = ImageFolderAdapter(
+        args.images_directory,
+        image_size=args.image_size,
+        shuffle=args.shuffle,
+        seed=args.seed,
+        label2idx=args.label2idx,
+        strict=args.strict,
+    )
+    return _ingest(adapter, args.output_directory, args.images_per_chunk, args)
+
+
+@_exits_on_gulp_error
+def image_list_main(argv: Sequence[str] | None = None) -> int:
+    """gulp_image_list: a text file of 'path, label' lines."""
+    parser = argparse.ArgumentParser(
+        prog="gulp_image_list", description="Gulp the images of a 'path, label' list."
+    )
+    parser.add_argument("image_list_file")
+    parser.add_argument("output_directory")
+    _ingest_options(parser, "images_per_chunk")
+    _option(parser, "image_size", type=int, default=-1, help="short side (default -1: keep)")
+    _option(parser, "root_path", default="", help="folder the listed paths are relative to")
+    _option(parser, "label2idx", default=None, help="JSON label map to use (dict or list)")
+    _option(parser, "remove_duplicate_ids", action="store_true", help="keep first of repeats")
+    args = parser.parse_args(argv)
+    adapter = ImageListAdapter(
+        args.image_list_file,
+        root_folder=args.root_path,
+        image_size=args.image_size,
+        shuffle=args.shuffle,
+        seed=args.seed,
+        label2idx=args.label2idx,
+        remove_duplicate_ids=args.remove_duplicate_ids,
+        strict=args.strict,
+    )
+    return _ingest(adapter, args.output_directory, args.images_per_chunk, args)
+
+
+@_exits_on_gulp_error
+def sanity_check_main(argv: Sequence[str] | None = None) -> int:
+    """gulp_sanity_check: exit 1 and list the bad files when a check fails."""
+    parser = argparse.ArgumentParser(
+        prog="gulp_sanity_check",
+        description="Check a gulp directory: content present, data size equal to the last "
+        "frame's end, no duplicate ids. Exit status 1 when a check fails.",
+    )
+    parser.add_argument("gulp_directory")
+    report = check_gulp_directory(parser.parse_args(argv).gulp_directory)
+    if report.ok:
+        print(f"{report.root}: {report.chunks} chunks, {report.ids} ids, no problems")
+        return 0
+    for line in report.lines():
+        print(line)
+    print("bad files:")
+    for path in report.bad_files:
+        print(f"  {path}")
+    return 1
+
+
+def _parameter_type(param: inspect.Parameter) -> Callable[[str], Any]:
+    """int or float when the default or the annotation says so, else str."""
+    if param.default is not inspect.Parameter.empty and param.default is not None:
+        kind = type(param.default)
+        if kind in (int, float):
+            return kind
+    for kind in (int, float):
+        if param.annotation is kind or kind in typing.get_args(param.annotation):
+            return kind
+    return str
+
+
+def adapter_main(adapter_cls: type, argv: Sequence[str] | None = None) -> int:
+    """A command line built from an adapter class's ``__init__``: required parameters are
+    positional, the others options (booleans as ``--name`` / ``--no-name``); then the output
+    directory (passed as ``output_folder`` too, if the adapter takes one) and ingest options."""
+    try:
+        signature = inspect.signature(adapter_cls, eval_str=True)
+    except NameError:  # annotations that do not resolve: the defaults' types still work
+        signature = inspect.signature(adapter_cls)
+    params = [
+        p
+        for p in signature.parameters.values()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "output_folder"
+    ]
+    parser = argparse.ArgumentParser(
+        prog=os.path.basename(sys.argv[0]), description=f"Gulp with {adapter_cls.__name__}."
+    )
+    for p in params:
+        if p.default is inspect.Parameter.empty:
+            parser.add_argument(p.name, type=_parameter_type(p))
+        elif isinstance(p.default, bool):
+            _option(parser, p.name, action=argparse.BooleanOptionalAction, default=p.default)
+        else:
+            _option(parser, p.name, type=_parameter_type(p), default=p.default)
+    parser.add_argument("output_directory")
+    _option(parser, "videos_per_chunk", type=int, default=100, help="items per chunk")
+    _option(parser, "num_workers", type=int, default=4, help="processes (default 4)")
+    _option(parser, "quality", type=int, default=JPEG_QUALITY, help="JPEG quality")
+    _option(parser, "quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    kwargs = {p.name: getattr(args, p.name) for p in params}
+    if "output_folder" in signature.parameters:
+        kwargs["output_folder"] = args.output_directory
+    try:
+        return _ingest(adapter_cls(**kwargs), args.output_directory, args.videos_per_chunk, args)
+    except GulpError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def script_name(class_name: str) -> str:
+    """``MyVideoAdapter`` -> ``my_video_adapter`` (the registered script's file name)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", class_name).lower()
+
+
+_SCRIPT = '''#!{python}
+"""Gulp a dataset with {module}.{name} (written by gulp_register_adapter)."""
+
+import sys
+
+from kohakuclip.gulp.cli import adapter_main
+from {module} import {name}
+
+if __name__ == "__main__":
+    sys.exit(adapter_main({name}))
+'''
+
+
+@_exits_on_gulp_error
+def register_adapter_main(argv: Sequence[str] | None = None) -> int:
+    """gulp_register_adapter: write an executable command line for an adapter class."""
+    parser = argparse.ArgumentParser(
+        prog="gulp_register_adapter",
+        description="Write a script that gulps a dataset with your adapter class; its "
+        "options come from the class's __init__.",
+    )
+    parser.add_argument("adapter_module", help="importable module, e.g. my_project.adapters")
+    parser.add_argument("class_name")
+    parser.add_argument("-o", "--output", help="script path (default: ./<class_name_snake>)")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(args.adapter_module)
+    except ImportError as exc:
+        raise GulpError(f"cannot import {args.adapter_module!r} ({exc})") from exc
+    cls = getattr(module, args.class_name, None)
+    if not (inspect.isclass(cls) and hasattr(cls, "iter_data") and hasattr(cls, "__len__")):
+        raise GulpError(f"{args.adapter_module}.{args.class_name}: not an adapter class")
+    path = args.output or script_name(args.class_name)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(
+            _SCRIPT.format(python=sys.executable, module=args.adapter_module, name=args.class_name)
+        )
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    print(f"wrote {path}: run ./{os.path.basename(path)} --help")
+    return 0

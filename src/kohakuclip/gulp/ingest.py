@@ -1,0 +1,176 @@
+"""Ingestion: an adapter's items written as new chunks of a gulp directory, in parallel.
+
+Each chunk is built under temporary names and renamed when complete, so an interrupted run
+never leaves a chunk that looks finished. Chunks are numbered after those already present;
+ids already in the directory are not written again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from kohakuclip.gulp.adapters import AbstractDatasetAdapter, Label2Idx, load_label2idx
+from kohakuclip.gulp.chunk import ChunkBuilder
+from kohakuclip.gulp.frames import JPEG_QUALITY, GulpError
+from kohakuclip.gulp.meta import (
+    ChunkFiles,
+    chunk_paths,
+    find_chunks,
+    load_meta,
+    next_chunk_number,
+    write_json,
+)
+
+LABEL2IDX_FILE = "label2idx.json"
+"""Label name -> class index, kept beside the chunks (GulpIO's convention)."""
+
+
+@dataclass
+class IngestReport:
+    """What an ingestion (or one chunk of it) wrote and left out."""
+
+    chunks: list[str] = field(default_factory=list)  # data files written
+    written: int = 0  # items written
+    empty: list[str] = field(default_factory=list)  # ids whose adapter gave no frames
+    existing: list[str] = field(default_factory=list)  # ids already in the directory
+
+    def merge(self, other: IngestReport) -> None:
+        self.chunks += other.chunks
+        self.written += other.written
+        self.empty += other.empty
+        self.existing += other.existing
+
+
+def calculate_chunk_slices(items_per_chunk: int, num_items: int) -> list[slice]:
+    """Consecutive slices of at most ``items_per_chunk`` items covering ``num_items``."""
+    if items_per_chunk < 1:
+        raise ValueError(f"items_per_chunk must be >= 1, got {items_per_chunk}")
+    return [
+        slice(i, min(i + items_per_chunk, num_items)) for i in range(0, num_items, items_per_chunk)
+    ]
+
+
+def _unpack(item: Any) -> tuple[str, list[Any], dict[str, Any]]:
+    if isinstance(item, dict):
+        return str(item["id"]), list(item["frames"]), dict(item["meta"])
+    id_, frames, meta = item
+    return str(id_), list(frames), dict(meta)
+
+
+class ChunkWriter:
+    """Writes one slice of an adapter's items as one chunk."""
+
+    def __init__(
+        self,
+        adapter: AbstractDatasetAdapter,
+        quality: int = JPEG_QUALITY,
+        existing_ids: Iterable[str] = (),
+    ) -> None:
+        self.adapter = adapter
+        self.quality = quality
+        self.existing_ids = frozenset(existing_ids)
+
+    def write_chunk(self, output: ChunkFiles, input_slice: slice) -> IngestReport:
+        """Build the chunk; a slice that yields nothing writable leaves no files."""
+        report = IngestReport()
+        with ChunkBuilder(output.data_path, output.meta_path, self.quality) as builder:
+            for item in self.adapter.iter_data(input_slice):
+                id_, frames, meta = _unpack(item)
+                if id_ in self.existing_ids:
+                    report.existing.append(id_)
+                elif not frames:
+                    report.empty.append(id_)
+                else:
+                    builder.add(id_, meta, frames)
+                    report.written += 1
+            if not builder.meta_dict:
+                builder.abort()
+                return report
+        report.chunks.append(output.data_path)
+        return report
+
+
+_worker_writer: ChunkWriter | None = None
+
+
+def _init_worker(writer: ChunkWriter) -> None:
+    global _worker_writer
+    _worker_writer = writer
+
+
+def _write_in_worker(output: ChunkFiles, input_slice: slice) -> IngestReport:
+    assert _worker_writer is not None
+    return _worker_writer.write_chunk(output, input_slice)
+
+
+class GulpIngestor:
+    """Write every item of ``adapter`` into ``output_folder``, ``videos_per_chunk`` per chunk.
+
+    ``num_workers`` > 1 builds chunks in that many processes (the adapter must pickle). Calling
+    the ingestor runs it and returns an IngestReport; items without frames are listed there.
+    """
+
+    def __init__(
+        self,
+        adapter: AbstractDatasetAdapter,
+        output_folder: str | os.PathLike[str],
+        videos_per_chunk: int,
+        num_workers: int,
+        *,
+        quality: int = JPEG_QUALITY,
+        progress: bool = True,
+    ) -> None:
+        self.adapter = adapter
+        self.output_folder = os.fspath(output_folder)
+        self.videos_per_chunk = videos_per_chunk
+        self.num_workers = num_workers
+        self.quality = quality
+        self.progress = progress
+
+    def __call__(self) -> IngestReport:
+        os.makedirs(self.output_folder, exist_ok=True)
+        label2idx = self._merged_label2idx()
+        existing = [id_ for c in find_chunks(self.output_folder) for id_ in load_meta(c.meta_path)]
+        slices = calculate_chunk_slices(self.videos_per_chunk, len(self.adapter))
+        start = next_chunk_number(self.output_folder)
+        outputs = [chunk_paths(self.output_folder, start + i) for i in range(len(slices))]
+        writer = ChunkWriter(self.adapter, self.quality, existing)
+        bar = tqdm(total=len(slices), unit="chunk", desc="gulp", disable=not self.progress)
+        report = IngestReport()
+        if self.num_workers <= 1:
+            for output, part in zip(outputs, slices, strict=True):
+                report.merge(writer.write_chunk(output, part))
+                bar.update()
+        else:
+            with ProcessPoolExecutor(
+                self.num_workers, initializer=_init_worker, initargs=(writer,)
+            ) as pool:
+                for part_report in pool.map(_write_in_worker, outputs, slices):
+                    report.merge(part_report)
+                    bar.update()
+        bar.close()
+        if label2idx is not None:
+            write_json(os.path.join(self.output_folder, LABEL2IDX_FILE), label2idx)
+        return report
+
+    def _merged_label2idx(self) -> Label2Idx | None:
+        """The adapter's label map joined with one already in the folder; GulpError on conflict."""
+        new = self.adapter.label2idx
+        path = os.path.join(self.output_folder, LABEL2IDX_FILE)
+        if new is None or not os.path.exists(path):
+            return new
+        old = load_label2idx(path)
+        merged = {**old, **new}
+        clash = [k for k in old.keys() & new.keys() if old[k] != new[k]]
+        if clash or len(set(merged.values())) != len(merged):
+            raise GulpError(
+                f"{path}: the adapter's label map disagrees with this one"
+                f"{f' on {clash[:3]}' if clash else ''}; pass label2idx={path!r} to the adapter"
+            )
+        return merged

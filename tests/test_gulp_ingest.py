@@ -1,0 +1,326 @@
+"""Ingestion from generated videos and images, the CLIs, and the sanity check command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+import pytest
+from media import VideoSpec, decode_rgb, frame_rgb, make_video, psnr
+from PIL import Image
+
+from kohakuclip.gulp import (
+    LABEL2IDX_FILE,
+    AbstractDatasetAdapter,
+    GulpDirectory,
+    GulpError,
+    GulpIngestor,
+    ImageFolderAdapter,
+    ImageListAdapter,
+    JsonVideoAdapter,
+    calculate_chunk_slices,
+    check_gulp_directory,
+    open_gulp_source,
+    read_video_frames,
+)
+from kohakuclip.gulp.cli import (
+    image_folder_main,
+    image_list_main,
+    json_videos_main,
+    register_adapter_main,
+    sanity_check_main,
+    script_name,
+)
+
+SPECS = {
+    "101": VideoSpec(frames=48, fps=24.0, seed=1),
+    "102": VideoSpec(codec="h264", frames=30, fps=30.0, width=96, height=128, seed=2),
+    "103": VideoSpec(codec="mpeg4", container="avi", frames=20, fps=10.0, seed=3),
+}
+
+
+@pytest.fixture(scope="module")
+def video_set(tmp_path_factory):
+    """Three videos in the two 20BN layouts and a JSON list with labels and templates."""
+    root = tmp_path_factory.mktemp("videos")
+    data = {}
+    for id_, spec in SPECS.items():
+        if id_ == "102":
+            os.makedirs(root / id_)
+            path = str(root / id_ / "clip.mp4")
+        else:
+            path = str(root / f"{id_}.{spec.container}")
+        data[id_] = make_video(spec, path)
+    items = [
+        {"id": 101, "label": "opening a door", "template": "Opening [something]"},
+        {"id": "102", "label": "closing a box", "template": "Closing [something]"},
+        {"id": "103", "label": "opening a box", "template": "Opening [something]"},
+    ]
+    (root / "list.json").write_text(json.dumps(items))
+    return root, data
+
+
+def nearest_source(k: int, fps: float, source_fps: float, n: int) -> int:
+    return min(n - 1, int(np.floor(k * source_fps / fps + 0.5)))
+
+
+def test_read_video_frames_matches_pyav(video_set):
+    root, data = video_set
+    reference = decode_rgb(data["101"])  # 48 frames at 24 fps
+    frames, fps = read_video_frames(str(root / "101.mp4"), frame_rate=8, frame_size=-1)
+    assert fps == 8.0 and len(frames) == 16
+    for k, frame in enumerate(frames):
+        assert np.array_equal(frame, reference[nearest_source(k, 8, 24, 48)])
+    # upsampling repeats frames; short side resized with the area filter
+    frames, fps = read_video_frames(data["103"], frame_rate=25, frame_size=48)
+    reference = decode_rgb(data["103"])  # 20 frames at 10 fps
+    assert fps == 25.0 and len(frames) == 50
+    for k, frame in enumerate(frames):
+        src = reference[nearest_source(k, 25, 10, 20)]
+        assert frame.shape == (48, 80, 3)
+        assert psnr(frame, cv2.resize(src, (80, 48), interpolation=cv2.INTER_AREA)) > 45
+    frames, fps = read_video_frames(data["102"], frame_rate=0)
+    assert fps == 30.0 and len(frames) == 30 and frames[0].shape == (128, 96, 3)
+    with pytest.raises(GulpError, match=r"nothing\.mp4"):
+        read_video_frames(str(root / "nothing.mp4"))
+    (root / "junk.mp4").write_bytes(b"\0" * 1000)
+    with pytest.raises(GulpError, match=r"junk\.mp4"):
+        read_video_frames(str(root / "junk.mp4"))
+
+
+def test_json_video_ingestion(video_set, tmp_path):
+    root, data = video_set
+    adapter = JsonVideoAdapter(str(root / "list.json"), str(root), frame_rate=6, frame_size=64)
+    assert adapter.label_name == "template" and len(adapter) == 3
+    assert adapter.label2idx == {"Closing [something]": 0, "Opening [something]": 1}
+    report = GulpIngestor(adapter, tmp_path, 2, 1, progress=False)()
+    assert report.written == 3 and report.empty == [] and len(report.chunks) == 2
+    assert json.load(open(tmp_path / LABEL2IDX_FILE)) == adapter.label2idx
+    assert check_gulp_directory(str(tmp_path)).ok
+    gd = GulpDirectory(tmp_path)
+    assert gd.chunk_lookup == {"101": 0, "102": 0, "103": 1}
+    frames, meta = gd["102"]
+    assert meta["label"] == "Closing [something]" and meta["idx"] == 0 and meta["fps"] == 6.0
+    assert meta["template"] == "Closing [something]" and meta["id"] == "102"
+    reference = decode_rgb(data["102"])
+    assert len(frames) == 6  # 1 s at 6 fps
+    for k, frame in enumerate(frames):
+        src = reference[nearest_source(k, 6, 30, 30)]
+        expected = cv2.resize(src, (64, 85), interpolation=cv2.INTER_AREA)
+        assert frame.shape == expected.shape and psnr(frame, expected) > 24
+    index = open_gulp_source(tmp_path)
+    assert index.fps(index.position("101")) == 6.0
+    assert list(index.count) == [12, 6, 12]
+
+
+def test_parallel_ingestion_writes_the_same_bytes(video_set, tmp_path):
+    root, _ = video_set
+    outs = []
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        adapter = JsonVideoAdapter(str(root / "list.json"), str(root), frame_rate=4, frame_size=32)
+        GulpIngestor(adapter, out, 1, workers, progress=False)()
+        outs.append(out)
+    names = sorted(os.listdir(outs[0]))
+    assert names == sorted(os.listdir(outs[1])) and len(names) == 7
+    for name in names:
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes()
+
+
+def test_reingestion_skips_existing_ids_and_numbers_new_chunks(video_set, tmp_path):
+    root, _ = video_set
+    items = json.loads((root / "list.json").read_text())
+    (tmp_path / "a.json").write_text(json.dumps(items[:2]))
+    (tmp_path / "b.json").write_text(json.dumps(items))
+    out = tmp_path / "out"
+    labels = sorted(i["label"] for i in items)
+    first = JsonVideoAdapter(
+        str(tmp_path / "a.json"), str(root), frame_rate=2, label_name="label", label2idx=labels
+    )
+    GulpIngestor(first, out, 5, 1, progress=False)()
+    assert json.load(open(out / LABEL2IDX_FILE)) == {label: i for i, label in enumerate(labels)}
+    clashing = JsonVideoAdapter(
+        str(tmp_path / "b.json"), str(root), label_name="label", label2idx=labels[::-1]
+    )
+    with pytest.raises(GulpError, match=LABEL2IDX_FILE):
+        GulpIngestor(clashing, out, 5, 1, progress=False)()
+    second = JsonVideoAdapter(str(tmp_path / "b.json"), str(root), frame_rate=2, label_name="label")
+    report = GulpIngestor(second, out, 5, 1, progress=False)()
+    assert report.existing == ["101", "102"] and report.written == 1
+    assert report.chunks == [str(out / "data_1.gulp")]
+    assert GulpDirectory(out).chunk_lookup == {"101": 0, "102": 0, "103": 1}
+
+
+def test_missing_and_duplicate_videos(video_set, tmp_path):
+    root, _ = video_set
+    items = [{"id": "101", "label": "a"}, {"id": "999", "label": "b"}]
+    (tmp_path / "l.json").write_text(json.dumps(items))
+    adapter = JsonVideoAdapter(str(tmp_path / "l.json"), str(root), frame_rate=2)
+    with pytest.warns(UserWarning, match="999"):
+        report = GulpIngestor(adapter, tmp_path / "out", 10, 1, progress=False)()
+    assert report.written == 1 and report.empty == ["999"]
+    strict = JsonVideoAdapter(str(tmp_path / "l.json"), str(root), frame_rate=2, strict=True)
+    with pytest.raises(GulpError, match="999"):
+        list(strict.iter_data())
+    (tmp_path / "dup.json").write_text(json.dumps([*items, {"id": 101, "label": "c"}]))
+    with pytest.raises(GulpError, match="duplicate id '101'"):
+        JsonVideoAdapter(str(tmp_path / "dup.json"), str(root))
+    kept = JsonVideoAdapter(str(tmp_path / "dup.json"), str(root), remove_duplicate_ids=True)
+    assert [i["id"] for i in kept.items] == ["101", "999"]
+    (tmp_path / "bad.json").write_text('{"id": 1}')
+    with pytest.raises(GulpError, match=r"bad\.json"):
+        JsonVideoAdapter(str(tmp_path / "bad.json"), str(root))
+
+
+def make_images(root, count_per_label=3):
+    expected = {}
+    for li, label in enumerate(["cat", "dog"]):
+        os.makedirs(root / label / "sub", exist_ok=True)
+        for i in range(count_per_label):
+            rgb = frame_rgb(VideoSpec(width=90, height=60, seed=li), i)
+            rel = f"{label}/sub/{i}.png" if i == 0 else f"{label}/{i}.png"
+            Image.fromarray(rgb).save(root / rel)
+            expected[rel] = rgb
+    return expected
+
+
+def test_image_folder_and_list_ingestion(tmp_path):
+    expected = make_images(tmp_path / "imgs")
+    (tmp_path / "imgs" / "cat" / "notes.txt").write_text("not an image")
+    adapter = ImageFolderAdapter(str(tmp_path / "imgs"), image_size=30)
+    assert adapter.label2idx == {"cat": 0, "dog": 1} and len(adapter) == 6
+    GulpIngestor(adapter, tmp_path / "out", 4, 1, progress=False)()
+    gd = GulpDirectory(tmp_path / "out")
+    assert sorted(gd.merged_meta_dict) == sorted(expected)
+    for rel, rgb in expected.items():
+        frames, meta = gd[rel]
+        assert (
+            meta["label"] == rel.split("/")[0] and meta["idx"] == adapter.label2idx[meta["label"]]
+        )
+        small = cv2.resize(rgb, (45, 30), interpolation=cv2.INTER_AREA)
+        assert len(frames) == 1 and psnr(frames[0], small) > 24
+
+    lines = [f"{rel}, {rel.split('/')[0]}" for rel in expected] + ["", "dog/1.png,dog"]
+    (tmp_path / "list.txt").write_text("\n".join(lines))
+    with pytest.raises(GulpError, match=r"duplicate id 'dog/1\.png'"):
+        ImageListAdapter(str(tmp_path / "list.txt"), root_folder=str(tmp_path / "imgs"))
+    listed = ImageListAdapter(
+        str(tmp_path / "list.txt"), root_folder=str(tmp_path / "imgs"), remove_duplicate_ids=True
+    )
+    GulpIngestor(listed, tmp_path / "out2", 100, 1, progress=False)()
+    frames, meta = GulpDirectory(tmp_path / "out2")["dog/2.png"]
+    assert meta["label"] == "dog" and psnr(frames[0], expected["dog/2.png"]) > 24
+    (tmp_path / "bad.txt").write_text("just_a_path.png\n")
+    with pytest.raises(GulpError, match=r"bad.txt:1"):
+        ImageListAdapter(str(tmp_path / "bad.txt"))
+
+
+def test_chunk_slices():
+    assert calculate_chunk_slices(3, 7) == [slice(0, 3), slice(3, 6), slice(6, 7)]
+    assert calculate_chunk_slices(5, 0) == []
+    with pytest.raises(ValueError):
+        calculate_chunk_slices(0, 3)
+
+
+def test_cli_ingest_and_sanity_check(video_set, tmp_path, capsys):
+    root, _ = video_set
+    out = str(tmp_path / "out")
+    argv = [str(root / "list.json"), str(root), out, "--frame_rate", "3", "--frame-size", "40"]
+    assert (
+        json_videos_main([*argv, "--videos_per_chunk", "2", "--num_workers", "1", "--quiet"]) == 0
+    )
+    assert "3 items in 2 new chunks" in capsys.readouterr().out
+    assert sanity_check_main([out]) == 0
+    assert "no problems" in capsys.readouterr().out
+    frames, meta = GulpDirectory(out)["103"]
+    assert len(frames) == 6 and min(frames[0].shape[:2]) == 40 and meta["fps"] == 3.0
+
+    with open(f"{out}/data_1.gulp", "ab") as f:
+        f.write(b"extra")
+    assert sanity_check_main([out]) == 1
+    printed = capsys.readouterr().out
+    assert f"{out}/data_1.gulp" in printed and f"{out}/data_0.gulp" not in printed
+    assert sanity_check_main([str(tmp_path / "missing")]) == 1
+    assert "not a directory" in capsys.readouterr().err
+
+    make_images(tmp_path / "imgs", 2)
+    assert image_folder_main([str(tmp_path / "imgs"), f"{tmp_path}/img_out", "--quiet"]) == 0
+    assert len(GulpDirectory(f"{tmp_path}/img_out")) == 4
+    (tmp_path / "l.txt").write_text("cat/1.png, cat\n")
+    list_argv = [
+        str(tmp_path / "l.txt"),
+        f"{tmp_path}/list_out",
+        "--root_path",
+        str(tmp_path / "imgs"),
+    ]
+    assert image_list_main([*list_argv, "--quiet"]) == 0
+    assert GulpDirectory(f"{tmp_path}/list_out")["cat/1.png"][1]["label"] == "cat"
+    assert json_videos_main([str(tmp_path / "l.txt"), str(root), out]) == 1
+    assert "l.txt" in capsys.readouterr().err
+
+
+ADAPTER_MODULE = '''
+import numpy as np
+from kohakuclip.gulp import AbstractDatasetAdapter
+
+
+class SquaresAdapter(AbstractDatasetAdapter):
+    """n videos of solid squares; options to check the generated command line."""
+
+    def __init__(self, count: int, side: int = 16, frames: int = 3, gray: bool = False, name="sq"):
+        self.count, self.side, self.frames, self.gray, self.name = count, side, frames, gray, name
+        self.label2idx = {"odd": 0, "even": 1}
+
+    def __len__(self):
+        return self.count
+
+    def iter_data(self, slice_element=None):
+        for i in range(self.count)[slice_element or slice(None)]:
+            value = 0 if self.gray else 40 * i
+            shape = (self.side, self.side, 3)
+            frames = [np.full(shape, value + t, np.uint8) for t in range(self.frames)]
+            label = "even" if i % 2 == 0 else "odd"
+            yield {"id": f"{self.name}{i}", "frames": frames, "meta": {"label": label}}
+'''
+
+
+def test_register_adapter_writes_a_working_command(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_adapters.py").write_text(ADAPTER_MODULE)
+    monkeypatch.chdir(tmp_path)
+    assert script_name("SquaresAdapter") == "squares_adapter"
+    assert register_adapter_main(["my_adapters", "SquaresAdapter"]) == 0
+    script = tmp_path / "squares_adapter"
+    assert os.access(script, os.X_OK)
+    assert register_adapter_main(["my_adapters", "Nope"]) == 1
+    assert register_adapter_main(["no_such_module", "X"]) == 1
+    capsys.readouterr()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run(
+        [str(script), "5", "out", "--side", "24", "--name", "v", "--videos-per-chunk", "2",
+         "--num_workers", "1", "--quiet"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    gd = GulpDirectory(tmp_path / "out")
+    assert gd.num_chunks == 3 and len(gd) == 5
+    frames, meta = gd["v3"]
+    assert meta == {"label": "odd"} and frames[0].shape == (24, 24, 3) and len(frames) == 3
+    assert abs(int(frames[2][5, 5, 0]) - 122) <= 2
+    assert json.load(open(tmp_path / "out" / LABEL2IDX_FILE)) == {"odd": 0, "even": 1}
+    helptext = subprocess.run(
+        [str(script), "--help"], capture_output=True, text=True, env=env, cwd=tmp_path, check=True
+    ).stdout
+    assert "--gray" in helptext and "--no-gray" in helptext and "count" in helptext
+
+
+def test_abstract_adapter_needs_both_methods():
+    class Incomplete(AbstractDatasetAdapter):
+        def __len__(self):
+            return 0
+
+    with pytest.raises(TypeError):
+        Incomplete()
