@@ -98,9 +98,6 @@ GULP_ALIGNMENT = 4
 meta_<i>.gmeta is JSON ``{id: {"frame_info": [[offset, pad, length_with_pad], ...],
 "meta_data": [{...}]}}``."""
 
-AV1_DEPS_MEMBER = "__av1deps__.bin"
-"""Optional shard member next to the index: per AV1 frame OBU, its byte range and slots."""
-
 AV1_DEPS_MAGIC = b"KCAV1D\0\0"
 """Same framing as KCIDX1; JSON ``{"videos": [{"member", "row", "n", "samples"}]}`` where ``row``
 and ``n`` select the video's AV1_FRAME_RECORDs and ``samples`` is its number of mp4 samples."""
@@ -123,3 +120,9 @@ AV1_SHOW_FRAME = 1  # the frame is output (show_frame, or show_existing_frame)
 AV1_SHOW_EXISTING = 2  # show_existing_frame: outputs the frame in slot ``reads`` again
 AV1_SHOWABLE = 4
 AV1_READS_ALL = 8  # reads widened to every slot: the decoder derives refs from all slots' state
+
+AV1_DEPS_KEY = "av1deps"
+"""KCIDX1 header key: the byte size of a KCAV1D table (AV1_DEPS_MAGIC framing) stored right
+after the frame records, at the end of the index member. The table cannot be a member of its
+own: KohakuClip 1.0.0 counts every member but the index as a video, while it ignores both an
+unknown header key and bytes after the records."""
