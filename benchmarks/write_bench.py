@@ -1,0 +1,130 @@
+"""Writer speed: seconds of encode per minute of video, per codec, beside KohakuClip 1.0.0.
+
+    python benchmarks/write_bench.py [VIDEO...] [--make 3] [--seconds 10] [--codecs av1 h264 hevc]
+        [--workers 2] [--reference "$(../shared/tools/reference-kohakuclip.sh)"] [--ffmpeg]
+
+Each encoder re-encodes the same sources one after the other with one thread (the writer runs one
+video per thread, so per-thread speed is what scales), first ours, then the reference in its own
+process; the ratio is ours / reference (lower is faster). The reference's FFmpeg has SVT-AV1 only,
+so it is compared on AV1. ``--workers`` also times ``write`` with that many encoder threads
+against one, to show how encoding scales. Without videos, ``--make N`` natural-looking synthetic
+clips (benchmarks/content.py, 640x360, 24 fps) are made first: real footage encodes at other
+speeds, so quote these numbers with that caveat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import av
+
+from kohakuclip.write.settings import EncodeSettings
+from kohakuclip.write.shards import write
+from kohakuclip.write.video import encode_video
+
+REFERENCE = r"""
+import json, sys, time
+import kohakuclip._core as core
+codec, paths = sys.argv[1], sys.argv[2:]
+times = []
+for path in paths:
+    start = time.perf_counter()
+    core.encode(path, codec=codec)
+    times.append(time.perf_counter() - start)
+print(json.dumps(times))
+"""
+
+
+def _minutes(paths: list[str]) -> float:
+    total = 0.0
+    for path in paths:
+        with av.open(path) as c:
+            stream = c.streams.video[0]
+            frames = stream.frames or sum(1 for _ in c.demux(stream))
+            total += frames / float(stream.average_rate or 25)
+    return total / 60
+
+
+def _ours(paths: list[str], codec: str, backend: str) -> float:
+    settings = EncodeSettings(codec=codec)  # type: ignore[arg-type]
+    if backend == "ffmpeg":
+        from kohakuclip.write.ffmpeg_backend import encode_video_ffmpeg as encoder
+    else:
+        encoder = encode_video
+    start = time.perf_counter()
+    for path in paths:
+        encoder(path, settings)
+    return time.perf_counter() - start
+
+
+def _reference(python: str, paths: list[str], codec: str) -> float | None:
+    done = subprocess.run(
+        [python, "-c", REFERENCE, codec, *paths], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        print(f"  reference {codec}: {lines[-1] if lines else 'failed'}", file=sys.stderr)
+        return None
+    return float(sum(json.loads(done.stdout)))
+
+
+def _scaling(paths: list[str], workers: int) -> tuple[float, float]:
+    """Wall seconds of ``write`` (AV1 defaults) with 1 and with ``workers`` encoder threads."""
+    walls = []
+    for count in (1, workers):
+        with tempfile.TemporaryDirectory() as out:
+            start = time.perf_counter()
+            write(out, paths, workers=count, progress=False)
+            walls.append(time.perf_counter() - start)
+    return walls[0], walls[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("videos", nargs="*")
+    p.add_argument("--make", type=int, default=3, help="synthetic clips when no videos are given")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--codecs", nargs="+", default=["av1", "h264", "hevc"])
+    p.add_argument("--workers", type=int, default=2, help="threads to compare with 1 (0: skip)")
+    p.add_argument("--ffmpeg", action="store_true", help="also time the ffmpeg CLI backend")
+    default_ref = "/tmp/kohakuclip-ref/python"
+    p.add_argument("--reference", default=default_ref if os.path.exists(default_ref) else None)
+    args = p.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="write-bench-") as scratch:
+        paths = args.videos
+        if not paths:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from content import natural_videos
+
+            paths = natural_videos(scratch, args.make, seconds=args.seconds)
+        minutes = _minutes(paths)
+        print(f"{len(paths)} videos, {minutes * 60:.0f} s of video; one encoder thread each")
+        print(f"{'codec':<18}{'ours s/min':>12}{'reference s/min':>17}{'ours / ref':>12}")
+        for codec in args.codecs:
+            backends = ["native", "ffmpeg"] if args.ffmpeg else ["native"]
+            ref = _reference(args.reference, paths, codec) if args.reference else None
+            for backend in backends:
+                ours = _ours(paths, codec, backend) / minutes
+                label = codec if backend == "native" else f"{codec} (ffmpeg)"
+                if ref is None:
+                    print(f"{label:<18}{ours:>12.1f}{'-':>17}{'-':>12}")
+                else:
+                    theirs = ref / minutes
+                    print(f"{label:<18}{ours:>12.1f}{theirs:>17.1f}{ours / theirs:>12.2f}")
+        if args.workers > 1:
+            one, many = _scaling(paths, args.workers)
+            print(
+                f"write(), AV1 defaults: 1 thread {one:.1f} s, {args.workers} threads "
+                f"{many:.1f} s: {one / many:.2f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""``kohakuclip-write OUT SOURCES...``: re-encode videos into indexed shards."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from kohakuclip.write.settings import DEFAULT_CRF, DEFAULT_PRESET, ENCODERS
+from kohakuclip.write.shards import WriteError, write
+
+
+def _preset(value: str) -> int | str:
+    return int(value) if value.lstrip("-").isdigit() else value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kohakuclip-write",
+        description="Re-encode videos (files, folders, tar archives) into zip or tar shards "
+        "with a frame index, a manifest.parquet and an encoding.json.",
+    )
+    p.add_argument("out", help="output folder")
+    p.add_argument("sources", nargs="+", help="video files, folders of videos, tar archives")
+    p.add_argument("--codec", choices=sorted(ENCODERS), default="av1", help="default: av1")
+    defaults = ", ".join(f"{c} {DEFAULT_CRF[c]}" for c in ENCODERS)
+    p.add_argument("--crf", type=int, default=None, help=f"quality (default: {defaults})")
+    p.add_argument("--gop", type=int, default=16, help="closed GOP length in frames (default: 16)")
+    presets = ", ".join(f"{c} {DEFAULT_PRESET[c]}" for c in ENCODERS)
+    p.add_argument(
+        "--preset",
+        type=_preset,
+        default=None,
+        help=f"SVT-AV1 preset number or x264/x265 preset name (default: {presets})",
+    )
+    p.add_argument(
+        "--max-short",
+        type=int,
+        default=512,
+        help="cap on the short side, never upscaled; 0 keeps the size (default: 512)",
+    )
+    p.add_argument(
+        "--loop-filters",
+        action="store_true",
+        help="keep AV1's deblocking, CDEF and loop restoration (off by default: faster decode)",
+    )
+    p.add_argument("--per-shard", type=int, default=1000, help="videos per shard (default: 1000)")
+    p.add_argument("--container", choices=("zip", "tar"), default="zip", help="default: zip")
+    p.add_argument(
+        "--workers", type=int, default=None, help="videos encoded at once (default: CPUs)"
+    )
+    p.add_argument(
+        "--backend",
+        choices=("native", "ffmpeg"),
+        default="native",
+        help="native: PyAV in process; ffmpeg: the ffmpeg command line ($KOHAKUCLIP_FFMPEG or "
+        "imageio-ffmpeg's binary)",
+    )
+    p.add_argument("--resume", action="store_true", help="continue an earlier run in OUT")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        result = write(
+            args.out,
+            args.sources,
+            codec=args.codec,
+            crf=args.crf,
+            gop=args.gop,
+            preset=args.preset,
+            max_short=args.max_short,
+            loop_filters=args.loop_filters,
+            per_shard=args.per_shard,
+            container=args.container,
+            workers=args.workers,
+            backend=args.backend,
+            resume=args.resume,
+            progress=not args.quiet,
+        )
+    except (WriteError, FileNotFoundError, ValueError) as e:
+        print(f"kohakuclip-write: error: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"{result.videos} videos ({result.seconds / 60:.1f} min) in {len(result.shards)} shards, "
+        f"{result.skipped} skipped (see skipped.jsonl), in {result.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

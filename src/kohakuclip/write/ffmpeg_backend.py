@@ -1,0 +1,124 @@
+"""Re-encode one video through an ffmpeg command-line binary (``--backend ffmpeg``).
+
+For encoders or builds PyAV's FFmpeg lacks. The decisions (size, orientation, colour, frame
+rate) are the in-process backend's, taken from the first decoded frame with PyAV, and the
+filter chain is the same; only the encode runs in the subprocess. The binary is
+``$KOHAKUCLIP_FFMPEG`` when set, otherwise the one imageio-ffmpeg ships.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from fractions import Fraction
+
+import av
+
+from kohakuclip.mp4.moov import parse_mp4_bytes
+from kohakuclip.write.settings import EncodeSettings
+from kohakuclip.write.video import (
+    EncodedVideo,
+    EncodeError,
+    SourceInput,
+    SourceProbe,
+    open_source,
+    probe_frame,
+    source_name,
+)
+
+FFMPEG_ENV = "KOHAKUCLIP_FFMPEG"
+
+
+def ffmpeg_binary() -> str:
+    """The ffmpeg executable: ``$KOHAKUCLIP_FFMPEG``, else imageio-ffmpeg's."""
+    configured = os.environ.get(FFMPEG_ENV)
+    if configured:
+        return configured
+    import imageio_ffmpeg
+
+    return str(imageio_ffmpeg.get_ffmpeg_exe())
+
+
+def _probe(source: SourceInput, settings: EncodeSettings, name: str) -> SourceProbe:
+    container = open_source(source, name)
+    try:
+        if not container.streams.video:
+            raise EncodeError(f"{name}: no video stream")
+        stream = container.streams.video[0]
+        stream.thread_count = 1
+        try:
+            frame = next(iter(container.decode(stream)), None)
+        except av.error.FFmpegError as e:
+            raise EncodeError(f"{name}: cannot decode ({e})") from None
+        if frame is None:
+            raise EncodeError(f"{name}: no decodable video frames")
+        return probe_frame(frame, stream, settings.max_short)
+    finally:
+        container.close()
+
+
+def _command(
+    binary: str, source: str, output: str, probe: SourceProbe, settings: EncodeSettings
+) -> list[str]:
+    rate: Fraction = probe.rate
+    timing = [("settb", f"{rate.denominator}/{rate.numerator}"), ("setpts", "N")]
+    chain = [*probe.layout.filters(), *timing]
+    vf = ",".join(f"{name}={args}" if args else name for name, args in chain)
+    colour = probe.layout.colour
+    command = [binary, "-nostdin", "-hide_banner", "-v", "error", "-y", "-threads", "1"]
+    # our own filters turn the frames upright: neutralise the display matrix instead of autorotating
+    command += ["-display_rotation", "0", "-i", source, "-map", "0:v:0", "-an", "-sn", "-dn"]
+    command += ["-vf", vf, "-fps_mode", "passthrough", "-c:v", settings.encoder, "-threads", "1"]
+    for key, value in settings.encoder_options().items():
+        command += [f"-{key}", value]
+    command += ["-colorspace", str(colour.matrix), "-color_primaries", str(colour.primaries)]
+    command += ["-color_trc", str(colour.trc), "-color_range", "tv", "-pix_fmt", "yuv420p"]
+    command += ["-movflags", "+faststart", "-f", "mp4", output]
+    return command
+
+
+def encode_video_ffmpeg(
+    source: SourceInput,
+    settings: EncodeSettings | None = None,
+    name: str | None = None,
+    binary: str | None = None,
+) -> EncodedVideo:
+    """``encode_video`` through the ffmpeg command line; in-memory sources go through a
+    temporary file (mp4 inputs need a seekable file)."""
+    settings = settings or EncodeSettings()
+    name = name or source_name(source)
+    probe = _probe(source, settings, name)
+    with tempfile.TemporaryDirectory(prefix="kohakuclip-ffmpeg-") as work:
+        if isinstance(source, str | os.PathLike):
+            path = os.fspath(source)
+        else:
+            path = os.path.join(work, "source")
+            with open(path, "wb") as f:
+                f.write(bytes(source))
+        output = os.path.join(work, "out.mp4")
+        command = _command(binary or ffmpeg_binary(), path, output, probe, settings)
+        try:
+            run = subprocess.run(command, capture_output=True, check=False)
+        except OSError as e:
+            raise EncodeError(f"{name}: cannot run ffmpeg ({e})") from None
+        if run.returncode != 0:
+            lines = run.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise EncodeError(f"{name}: ffmpeg failed ({lines[-1] if lines else run.returncode})")
+        with open(output, "rb") as f:
+            data = f.read()
+    try:
+        frames = parse_mp4_bytes(data, 0, name).n
+    except ValueError as e:
+        raise EncodeError(f"{name}: ffmpeg wrote an unreadable mp4 ({e})") from None
+    layout = probe.layout
+    return EncodedVideo(
+        data=data,
+        frames=frames,
+        fps=float(probe.rate),
+        width=layout.width,
+        height=layout.height,
+        colorspace=layout.colour.stored,
+        source_width=probe.width,
+        source_height=probe.height,
+    )

@@ -1,0 +1,401 @@
+"""Write a folder of video shards from many sources: ``kohakuclip.writer.write``.
+
+Videos are encoded one per worker thread (the encoders release the GIL) and packed in source
+order, ``per_shard`` to a shard, so the result does not depend on the worker count. Beside the
+shards: ``encoding.json`` (the settings), ``manifest.parquet`` (a row per video, with its
+captions and labels) and ``skipped.jsonl`` (each source that could not be used, and why).
+
+Interruptions are safe: a shard is renamed into place only when complete, and its manifest rows
+are saved right after it. Running again into the same folder with ``resume=True`` keeps the
+finished shards and continues with the videos they do not hold; without it, the run refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import av
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from kohakuclip.formats import VideoEntry
+from kohakuclip.write.pack import TEMP_SUFFIX, Container, PackError, ShardWriter
+from kohakuclip.write.settings import EncodeSettings
+from kohakuclip.write.sources import Source, expand_sources
+from kohakuclip.write.video import EncodedVideo, EncodeError, encode_video
+
+Backend = Literal["native", "ffmpeg"]
+Encoder = Callable[[str | bytes, EncodeSettings, str], EncodedVideo]
+
+SETTINGS_FILE = "encoding.json"
+MANIFEST_FILE = "manifest.parquet"
+SKIPPED_FILE = "skipped.jsonl"
+PARTS_DIR = ".manifest-parts"
+"""Per-shard manifest rows of an unfinished run; merged into manifest.parquet at the end."""
+SHARD_NAME = "shard_{:05d}.{}"
+_SHARD_RE = re.compile(r"^shard_(\d{5,})\.(zip|tar)$")
+
+MANIFEST_SCHEMA = pa.schema(
+    [
+        ("shard", pa.string()),
+        ("index", pa.int32()),  # position of the video in its shard's index
+        ("member", pa.string()),
+        ("source", pa.string()),
+        ("frames", pa.int64()),
+        ("fps", pa.float64()),
+        ("duration", pa.float64()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("source_width", pa.int32()),
+        ("source_height", pa.int32()),
+        ("bytes", pa.int64()),
+        ("source_bytes", pa.int64()),
+        ("codec", pa.string()),
+        ("colorspace", pa.string()),
+        ("caption", pa.string()),
+        ("label", pa.string()),
+        ("meta", pa.string()),  # the JSON sidecar, as JSON text
+    ]
+)
+
+_RESUME_KEYS = ("settings", "container", "per_shard", "backend")
+
+
+class WriteError(RuntimeError):
+    """The output folder cannot be used (a previous run there, with other settings)."""
+
+
+@dataclass
+class WriteResult:
+    """What a ``write`` call produced."""
+
+    out: str
+    shards: list[str] = field(default_factory=list)  # shard files written by this call
+    videos: int = 0  # videos packed by this call
+    skipped: int = 0  # sources skipped by this call
+    seconds: float = 0.0  # seconds of video packed by this call
+    resumed_videos: int = 0  # videos already there from an earlier run
+
+
+@dataclass
+class _Done:
+    """The finished part of an earlier run in the output folder."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    skipped: set[str] = field(default_factory=set)
+    next_shard: int = 0
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    temp = path + TEMP_SUFFIX
+    with open(temp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+
+
+def _write_table(path: str, rows: list[dict[str, Any]]) -> None:
+    temp = path + TEMP_SUFFIX
+    pq.write_table(pa.Table.from_pylist(rows, schema=MANIFEST_SCHEMA), temp)
+    os.replace(temp, path)
+
+
+def _read_rows(path: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
+    return rows
+
+
+def _run_config(settings: EncodeSettings, container: str, per_shard: int, backend: str) -> dict:
+    from kohakuclip import __version__
+
+    return {
+        "format": "kohakuclip video shards (KCIDX1)",
+        "settings": settings.to_json(),
+        "container": container,
+        "per_shard": per_shard,
+        "backend": backend,
+        "encoder": settings.encoder,
+        "encoder_options": settings.encoder_options(),
+        "kohakuclip": __version__,
+        "libavcodec": ".".join(map(str, av.library_versions["libavcodec"])),
+    }
+
+
+def _prepare(out: str, config: dict, resume: bool) -> _Done:
+    """Check the output folder: new, or an earlier run to resume with the same settings."""
+    os.makedirs(out, exist_ok=True)
+    settings_path = os.path.join(out, SETTINGS_FILE)
+    existing = [n for n in os.listdir(out) if _SHARD_RE.match(n) or n == MANIFEST_FILE]
+    if not os.path.exists(settings_path):
+        if existing:
+            raise WriteError(f"{out}: holds shards without {SETTINGS_FILE}; choose another folder")
+        _atomic_write(settings_path, json.dumps(config, indent=2).encode())
+        return _Done()
+    if not resume:
+        raise WriteError(
+            f"{out}: holds an earlier run; pass resume=True (--resume) to continue it, "
+            "or choose another folder"
+        )
+    with open(settings_path, "rb") as f:
+        earlier = json.load(f)
+    changed = [k for k in _RESUME_KEYS if earlier.get(k) != config[k]]
+    if changed:
+        raise WriteError(f"{out}: cannot resume with different {', '.join(changed)}")
+    return _load_done(out)
+
+
+def _load_done(out: str) -> _Done:
+    """Finished shards (those whose manifest rows were saved), minus leftovers of a crash."""
+    done = _Done()
+    by_shard: dict[str, list[dict[str, Any]]] = {}
+    manifest = os.path.join(out, MANIFEST_FILE)
+    if os.path.exists(manifest):
+        for row in _read_rows(manifest):
+            by_shard.setdefault(row["shard"], []).append(row)
+    parts = os.path.join(out, PARTS_DIR)
+    if os.path.isdir(parts):
+        for name in sorted(os.listdir(parts)):
+            if name.endswith(".parquet"):
+                by_shard[name[: -len(".parquet")]] = _read_rows(os.path.join(parts, name))
+    for name in sorted(os.listdir(out)):
+        path = os.path.join(out, name)
+        if name.endswith(TEMP_SUFFIX):
+            os.remove(path)
+        elif _SHARD_RE.match(name) and name not in by_shard:
+            os.remove(path)  # complete, but its manifest rows were never saved: redo it
+    numbers = [-1]
+    for shard, rows in sorted(by_shard.items()):
+        if os.path.exists(os.path.join(out, shard)):
+            done.rows.extend(rows)
+            match = _SHARD_RE.match(shard)
+            numbers.append(int(match.group(1)) if match else -1)
+    done.next_shard = max(numbers) + 1
+    skipped = os.path.join(out, SKIPPED_FILE)
+    if os.path.exists(skipped):
+        with open(skipped, encoding="utf-8") as f:
+            done.skipped = {json.loads(line)["source"] for line in f if line.strip()}
+    return done
+
+
+def _member_name(name: str, used: set[str]) -> str:
+    """The source's relative path with an .mp4 suffix, made unique within the run."""
+    stem = posixpath.splitext(name.lstrip("/"))[0] or "video"
+    candidate, k = f"{stem}.mp4", 1
+    while candidate in used:
+        candidate, k = f"{stem}_{k}.mp4", k + 1
+    used.add(candidate)
+    return candidate
+
+
+def _encoder(backend: Backend) -> Encoder:
+    if backend == "native":
+        return encode_video
+    if backend == "ffmpeg":
+        from kohakuclip.write.ffmpeg_backend import encode_video_ffmpeg
+
+        return encode_video_ffmpeg
+    raise ValueError(f"backend must be 'native' or 'ffmpeg', got {backend!r}")
+
+
+def _prepare_one(
+    source: Source, settings: EncodeSettings, encoder: Encoder
+) -> tuple[EncodedVideo, dict[str, Any]]:
+    """Worker: labels first (cheap, may fail), then load and encode."""
+    labels = source.labels()
+    try:
+        data = source.load()
+    except OSError as e:
+        raise EncodeError(f"{source.origin}: cannot read ({e.strerror or e})") from None
+    return encoder(data, settings, source.origin), labels
+
+
+def _in_order(
+    pool: ThreadPoolExecutor,
+    sources: Iterable[Source],
+    work: Callable[[Source], tuple[EncodedVideo, dict[str, Any]]],
+    window: int,
+) -> Iterator[tuple[Source, Future[tuple[EncodedVideo, dict[str, Any]]]]]:
+    """Run ``work`` on the pool with at most ``window`` sources in flight, yielding in order."""
+    pending: deque[tuple[Source, Future[tuple[EncodedVideo, dict[str, Any]]]]] = deque()
+    items = iter(sources)
+    for source in items:
+        pending.append((source, pool.submit(work, source)))
+        if len(pending) >= window:
+            break
+    while pending:
+        source, future = pending.popleft()
+        nxt = next(items, None)
+        if nxt is not None:
+            pending.append((nxt, pool.submit(work, nxt)))
+        yield source, future
+
+
+class _Run:
+    """One ``write`` call's state: the open shard, manifest rows, skip log and progress."""
+
+    def __init__(self, out: str, container: Container, per_shard: int, done: _Done) -> None:
+        self.out = out
+        self.container = container
+        self.per_shard = per_shard
+        self.next_shard = done.next_shard
+        self.used = {row["member"] for row in done.rows}
+        self.shard: ShardWriter | None = None
+        self.rows: list[dict[str, Any]] = []
+        self.result = WriteResult(out, resumed_videos=len(done.rows))
+        self._skipped = open(os.path.join(out, SKIPPED_FILE), "a", encoding="utf-8")
+
+    def skip(self, origin: str, reason: str) -> None:
+        self._skipped.write(json.dumps({"source": origin, "reason": reason}, ensure_ascii=False))
+        self._skipped.write("\n")
+        self._skipped.flush()
+        self.result.skipped += 1
+
+    def add(self, source: Source, video: EncodedVideo, labels: dict[str, Any]) -> None:
+        if self.shard is None:
+            name = SHARD_NAME.format(self.next_shard, self.container)
+            self.shard = ShardWriter(os.path.join(self.out, name), self.container)
+        member = _member_name(source.name, self.used)
+        try:
+            entry = self.shard.add(member, video.data)
+        except PackError as e:
+            self.used.discard(member)
+            self.skip(source.origin, str(e))
+            return
+        self.rows.append(self._row(source, video, entry, labels))
+        self.result.videos += 1
+        self.result.seconds += video.duration
+        if len(self.shard) >= self.per_shard:
+            self.finish_shard()
+
+    def _row(
+        self, source: Source, video: EncodedVideo, entry: VideoEntry, labels: dict[str, Any]
+    ) -> dict[str, Any]:
+        assert self.shard is not None
+        return {
+            "shard": os.path.basename(self.shard.path),
+            "index": len(self.shard) - 1,
+            "member": entry.member,
+            "source": source.origin,
+            "frames": entry.n,
+            "fps": entry.fps,
+            "duration": entry.n / entry.fps if entry.fps else 0.0,
+            "width": entry.w,
+            "height": entry.h,
+            "source_width": video.source_width,
+            "source_height": video.source_height,
+            "bytes": len(video.data),
+            "source_bytes": source.size,
+            "codec": entry.codec,
+            "colorspace": entry.colorspace,
+            **labels,
+        }
+
+    def finish_shard(self) -> None:
+        """Rename the complete shard into place, then save its manifest rows."""
+        if self.shard is None:
+            return
+        self.shard.close()
+        name = os.path.basename(self.shard.path)
+        parts = os.path.join(self.out, PARTS_DIR)
+        os.makedirs(parts, exist_ok=True)
+        _write_table(os.path.join(parts, name + ".parquet"), self.rows)
+        self.result.shards.append(name)
+        self.shard, self.rows = None, []
+        self.next_shard += 1
+
+    def abort(self) -> None:
+        if self.shard is not None:
+            self.shard.abort()
+            self.shard = None
+
+    def close(self) -> None:
+        self._skipped.close()
+
+
+def _merge_manifest(out: str) -> None:
+    """manifest.parquet from every finished shard's rows; the parts are then removed."""
+    done = _load_done(out)
+    _write_table(os.path.join(out, MANIFEST_FILE), done.rows)
+    parts = os.path.join(out, PARTS_DIR)
+    if os.path.isdir(parts):
+        for name in os.listdir(parts):
+            os.remove(os.path.join(parts, name))
+        os.rmdir(parts)
+
+
+def write(
+    out: str | os.PathLike[str],
+    sources: Iterable[str | os.PathLike[str] | Source | tuple[str, bytes]],
+    *,
+    codec: str = "av1",
+    crf: int | None = None,
+    gop: int = 16,
+    preset: int | str | None = None,
+    max_short: int = 512,
+    loop_filters: bool = False,
+    per_shard: int = 1000,
+    container: Container = "zip",
+    workers: int | None = None,
+    backend: Backend = "native",
+    resume: bool = False,
+    progress: bool = True,
+) -> WriteResult:
+    """Re-encode ``sources`` (video files, folders, tar archives, ``(name, bytes)`` pairs) into
+    ``out/shard_00000.zip`` ... with ``encoding.json``, ``manifest.parquet`` and
+    ``skipped.jsonl`` beside them. See ``EncodeSettings`` for the encoding options."""
+    out = os.fspath(out)
+    settings = EncodeSettings(codec, crf, gop, preset, max_short, loop_filters)  # type: ignore[arg-type]
+    if container not in ("zip", "tar"):
+        raise ValueError(f"container must be 'zip' or 'tar', got {container!r}")
+    if per_shard < 1:
+        raise ValueError(f"per_shard must be at least 1, got {per_shard}")
+    encoder = _encoder(backend)
+    if isinstance(sources, str | os.PathLike):
+        sources = [sources]
+    expansion = expand_sources(sources)
+    done = _prepare(out, _run_config(settings, container, per_shard, backend), resume)
+    finished = {row["source"] for row in done.rows} | done.skipped
+    todo = [s for s in expansion.sources if s.origin not in finished]
+    workers = max(1, workers or os.cpu_count() or 1)
+    run = _Run(out, container, per_shard, done)
+    for origin, reason in expansion.unreadable:
+        if origin not in finished:
+            run.skip(origin, reason)
+    bar = tqdm(total=len(todo), unit="video", disable=not progress, dynamic_ncols=True)
+    started = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="kohakuclip-encode") as pool:
+            work = lambda source: _prepare_one(source, settings, encoder)  # noqa: E731
+            try:
+                for source, future in _in_order(pool, todo, work, 2 * workers):
+                    try:
+                        video, labels = future.result()
+                    except (EncodeError, ValueError, OSError, av.error.FFmpegError) as e:
+                        run.skip(source.origin, str(e) or type(e).__name__)
+                    else:
+                        run.add(source, video, labels)
+                    bar.update(1)
+                    seconds = run.result.seconds
+                    rate = seconds / max(time.perf_counter() - started, 1e-9)
+                    bar.set_postfix(video=f"{seconds / 60:.1f} min", speed=f"{rate:.2f}x")
+                run.finish_shard()
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                run.abort()
+                raise
+    finally:
+        run.close()
+        bar.close()
+    _merge_manifest(out)
+    return run.result

@@ -1,0 +1,205 @@
+"""Expand what the user names (files, folders, tar archives, in-memory bytes) into videos.
+
+Each video becomes a ``Source``: the member name it gets in a shard (its path below the folder or
+inside the tar, or the file's name), where it came from (for the manifest and skipped.jsonl), and
+its ``<stem>.txt`` / ``<stem>.json`` sidecars. Tar members are read into memory when encoded;
+nothing is extracted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kohakuclip.storage.folder import list_folder
+from kohakuclip.storage.tar import list_tar
+from kohakuclip.storage.zip import ArchiveError, Member
+
+VIDEO_SUFFIXES = (
+    ".mp4",
+    ".m4v",
+    ".mov",
+    ".mkv",
+    ".webm",
+    ".avi",
+    ".mpg",
+    ".mpeg",
+    ".ts",
+    ".m2ts",
+    ".mts",
+    ".flv",
+    ".wmv",
+    ".3gp",
+    ".ogv",
+)
+"""Suffixes that mark video files inside folders and tar archives."""
+
+SIDECAR_SUFFIXES = (".txt", ".json")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One video to encode, with what travels with it into the manifest."""
+
+    name: str  # member name in the shard (before the suffix becomes .mp4)
+    origin: str  # a path, ``archive.tar::member`` or ``<bytes>::name``
+    size: int  # source bytes
+    sidecars: dict[str, bytes] = field(default_factory=dict)  # ".txt" / ".json" -> bytes
+    path: str | None = None  # a file FFmpeg opens itself
+    data: bytes | None = None  # in-memory bytes
+    archive: str | None = None  # tar member: the archive ...
+    offset: int = 0  # ... and where the member's bytes are
+
+    @classmethod
+    def from_bytes(
+        cls, name: str, data: bytes, caption: str | None = None, meta: dict[str, Any] | None = None
+    ) -> Source:
+        """An in-memory video; ``caption`` and ``meta`` play the parts of the sidecars."""
+        sidecars = {}
+        if caption is not None:
+            sidecars[".txt"] = caption.encode()
+        if meta is not None:
+            sidecars[".json"] = json.dumps(meta, ensure_ascii=False).encode()
+        return cls(name, f"<bytes>::{name}", len(data), sidecars, data=bytes(data))
+
+    def load(self) -> str | bytes:
+        """What the encoder opens: the file's path, or the video's bytes."""
+        if self.path is not None:
+            return self.path
+        if self.data is not None:
+            return self.data
+        assert self.archive is not None
+        with open(self.archive, "rb") as f:
+            data = os.pread(f.fileno(), self.size, self.offset)
+        if len(data) != self.size:
+            raise OSError(f"{self.origin}: truncated tar member")
+        return data
+
+    def labels(self) -> dict[str, Any]:
+        """Caption, label and the JSON sidecar for the manifest (ValueError for bad JSON)."""
+        meta: dict[str, Any] | None = None
+        raw = self.sidecars.get(".json")
+        if raw is not None:
+            try:
+                loaded = json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise ValueError(f"{self.origin}: bad JSON sidecar ({e})") from None
+            meta = loaded if isinstance(loaded, dict) else {"value": loaded}
+        caption = None
+        if ".txt" in self.sidecars:
+            caption = self.sidecars[".txt"].decode("utf-8", "replace").strip()
+        elif meta is not None and isinstance(meta.get("caption"), str):
+            caption = meta["caption"]
+        label = None if meta is None else meta.get("label")
+        if label is not None and not isinstance(label, str):
+            label = json.dumps(label, ensure_ascii=False)
+        return {
+            "caption": caption,
+            "label": label,
+            "meta": None if meta is None else json.dumps(meta, ensure_ascii=False, sort_keys=True),
+        }
+
+
+def _stem(name: str) -> str:
+    return posixpath.splitext(name)[0]
+
+
+def is_video_name(name: str) -> bool:
+    """A video file by its suffix (hidden files excluded)."""
+    return name.lower().endswith(VIDEO_SUFFIXES) and not posixpath.basename(name).startswith(".")
+
+
+def _read_file(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _file_sidecars(path: str) -> dict[str, bytes]:
+    stem = os.path.splitext(path)[0]
+    found = {}
+    for suffix in SIDECAR_SUFFIXES:
+        data = _read_file(stem + suffix) if os.path.isfile(stem + suffix) else None
+        if data is not None:
+            found[suffix] = data
+    return found
+
+
+def _file_source(path: str, name: str) -> Source:
+    return Source(name, path, os.path.getsize(path), _file_sidecars(path), path=path)
+
+
+def _folder_sources(root: str) -> list[Source]:
+    names = list_folder(root, VIDEO_SUFFIXES)
+    return [_file_source(os.path.join(root, *name.split("/")), name) for name in names]
+
+
+def _tar_sources(archive: str) -> list[Source]:
+    members = list_tar(archive)
+    sidecars: dict[str, dict[str, bytes]] = {}
+    wanted: list[Member] = []
+    with open(archive, "rb") as f:
+        for m in members:
+            suffix = posixpath.splitext(m.name)[1].lower()
+            if is_video_name(m.name):
+                wanted.append(m)
+            elif suffix in SIDECAR_SUFFIXES:
+                data = os.pread(f.fileno(), m.size, m.offset)
+                sidecars.setdefault(_stem(m.name), {})[suffix] = data
+    return [
+        Source(
+            m.name,
+            f"{archive}::{m.name}",
+            m.size,
+            sidecars.get(_stem(m.name), {}),
+            archive=archive,
+            offset=m.offset,
+        )
+        for m in wanted
+    ]
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """The videos found, and the sources that could not be listed (origin, reason)."""
+
+    sources: list[Source]
+    unreadable: list[tuple[str, str]]
+
+
+def expand_sources(
+    items: Iterable[str | os.PathLike[str] | Source | tuple[str, bytes]],
+) -> Expansion:
+    """Every video named by ``items``, in order: a file is one video (whatever its suffix), a
+    folder every video file below it (sorted), a ``.tar`` every video member (archive order),
+    a ``(name, bytes)`` pair or a ``Source`` itself. A missing path raises FileNotFoundError
+    before anything is done (a typo should not silently drop a folder); a tar that cannot be
+    listed is reported in ``unreadable``."""
+    found: list[Source] = []
+    unreadable: list[tuple[str, str]] = []
+    for item in items:
+        if isinstance(item, Source):
+            found.append(item)
+        elif isinstance(item, tuple):
+            name, data = item
+            found.append(Source.from_bytes(name, data))
+        else:
+            path = os.fspath(item)
+            if os.path.isdir(path):
+                found.extend(_folder_sources(path))
+            elif not os.path.exists(path):
+                raise FileNotFoundError(f"{path}: no such file or folder")
+            elif path.lower().endswith(".tar"):
+                try:
+                    found.extend(_tar_sources(path))
+                except (ArchiveError, OSError) as e:
+                    unreadable.append((path, str(e)))
+            else:
+                found.append(_file_source(path, os.path.basename(path)))
+    return Expansion(found, unreadable)

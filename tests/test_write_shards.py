@@ -1,0 +1,297 @@
+"""``write``: folders, tars and in-memory sources into shards with a manifest; bad sources
+skipped; refusing, resuming and interrupted runs; the command lines."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from functools import cache
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from media import VideoSpec, make_video
+from writer_media import read_index
+
+import kohakuclip.writer
+from kohakuclip import cli as demo_cli
+from kohakuclip.write import cli, shards
+from kohakuclip.write.shards import WriteError, write
+from kohakuclip.write.sources import Source
+
+FAST = {"codec": "av1", "preset": 12, "progress": False}
+
+
+@cache
+def clip(seed: int, frames: int = 20, codec: str = "h264", container: str = "mp4") -> bytes:
+    spec = VideoSpec(
+        codec=codec, container=container, width=128, height=80, frames=frames, seed=seed
+    )
+    return make_video(spec)
+
+
+SIDECARS = {
+    "a.txt": b"a red square\n",
+    "a.json": json.dumps({"label": 3, "tags": ["x"]}).encode(),
+    "sub/b.json": json.dumps({"caption": "from json", "label": "cat"}).encode(),
+}
+
+
+def corpus() -> dict[str, bytes]:
+    """Three videos (mp4, avi, mkv) and their sidecars, by relative path."""
+    return {
+        "a.mp4": clip(0),
+        "sub/b.avi": clip(1, 12, "mpeg4", "avi"),
+        "c.mkv": clip(2, 16),
+        **SIDECARS,
+    }
+
+
+def make_folder(root: Path, files: dict[str, bytes]) -> Path:
+    for name, data in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+def make_tar(path: Path, files: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("shard_*"))}
+
+
+def manifest(out: Path) -> list[dict]:
+    return pq.read_table(out / "manifest.parquet").to_pylist()
+
+
+def test_folder_tar_and_bytes_sources_give_identical_shards(tmp_path) -> None:
+    files = corpus()
+    folder = make_folder(tmp_path / "videos", files)
+    # archive order differs from the folder's sorted order: order the tar the same way
+    ordered = {k: files[k] for k in ("a.mp4", "c.mkv", "sub/b.avi")} | SIDECARS
+    archive = make_tar(tmp_path / "videos.tar", ordered)
+    in_memory = [
+        Source.from_bytes(
+            "a.mp4", files["a.mp4"], caption="a red square", meta={"label": 3, "tags": ["x"]}
+        ),
+        Source.from_bytes("c.mkv", files["c.mkv"]),
+        Source.from_bytes(
+            "sub/b.avi", files["sub/b.avi"], meta={"caption": "from json", "label": "cat"}
+        ),
+    ]
+    runs = {
+        "folder": write(tmp_path / "o1", [folder], per_shard=2, workers=1, **FAST),
+        "tar": write(tmp_path / "o2", [archive], per_shard=2, workers=3, **FAST),
+        "bytes": write(tmp_path / "o3", in_memory, per_shard=2, workers=2, **FAST),
+    }
+    for result in runs.values():
+        assert (result.videos, result.skipped, result.shards) == (
+            3,
+            0,
+            ["shard_00000.zip", "shard_00001.zip"],
+        )
+    first = shard_bytes(tmp_path / "o1")
+    assert shard_bytes(tmp_path / "o2") == first == shard_bytes(tmp_path / "o3")
+    rows = {k: manifest(tmp_path / k) for k in ("o1", "o2", "o3")}
+    strip = [{k: v for k, v in r.items() if k != "source"} for r in rows["o1"]]
+    for other in ("o2", "o3"):
+        assert [{k: v for k, v in r.items() if k != "source"} for r in rows[other]] == strip
+    assert [r["source"] for r in rows["o2"]] == [
+        f"{archive}::{m}" for m in ("a.mp4", "c.mkv", "sub/b.avi")
+    ]
+
+
+def test_manifest_rows_describe_each_video(tmp_path) -> None:
+    folder = make_folder(tmp_path / "videos", corpus())
+    out = tmp_path / "out"
+    result = write(out, folder, per_shard=2, container="tar", **FAST)  # one path, not a list
+    assert result.seconds == pytest.approx(20 / 24 + 16 / 24 + 12 / 24)
+    rows = manifest(out)
+    assert [(r["shard"], r["index"], r["member"]) for r in rows] == [
+        ("shard_00000.tar", 0, "a.mp4"),
+        ("shard_00000.tar", 1, "c.mp4"),
+        ("shard_00001.tar", 0, "sub/b.mp4"),
+    ]
+    a, c, b = rows
+    assert (a["caption"], a["label"], json.loads(a["meta"])) == (
+        "a red square",
+        "3",
+        {"label": 3, "tags": ["x"]},
+    )
+    assert (b["caption"], b["label"]) == ("from json", "cat")
+    assert (c["caption"], c["label"], c["meta"]) == (None, None, None)
+    assert a["source"] == str(folder / "a.mp4")
+    for row, frames in ((a, 20), (c, 16), (b, 12)):
+        index, _ = read_index(str(out / row["shard"]))
+        entry = index.videos[row["index"]]
+        assert entry.member == row["member"]
+        assert (row["frames"], row["fps"], row["duration"]) == (frames, 24.0, frames / 24)
+        assert (row["width"], row["height"], row["source_width"], row["source_height"]) == (
+            128,
+            80,
+            128,
+            80,
+        )
+        with tarfile.open(out / row["shard"]) as t:
+            assert t.getmember(row["member"]).size == row["bytes"]
+        assert row["source_bytes"] == os.path.getsize(row["source"])
+        assert (row["codec"], row["colorspace"]) == ("av1", "bt601")
+    settings = json.loads((out / "encoding.json").read_text())
+    assert settings["settings"] == {
+        "codec": "av1",
+        "crf": 36,
+        "gop": 16,
+        "preset": 12,
+        "max_short": 512,
+        "loop_filters": False,
+    }
+    assert (settings["container"], settings["per_shard"], settings["backend"]) == (
+        "tar",
+        2,
+        "native",
+    )
+
+
+def test_bad_sources_are_skipped_with_a_reason(tmp_path) -> None:
+    folder = make_folder(
+        tmp_path / "videos",
+        {
+            "good.mp4": clip(0),
+            "garbage.mp4": b"definitely not a video" * 40,
+            "empty.mkv": b"",
+            "cut.mp4": clip(1)[:2000],
+            "labelled.mp4": clip(2),
+            "labelled.json": b"{not json",
+        },
+    )
+    broken_tar = tmp_path / "broken.tar"
+    broken_tar.write_bytes(b"\x00garbage" * 100)
+    out = tmp_path / "out"
+    result = write(out, [folder, broken_tar, ("also.mp4", clip(3))], **FAST)
+    assert result.videos == 2
+    assert [r["member"] for r in manifest(out)] == ["good.mp4", "also.mp4"]
+    skipped = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
+    reasons = {Path(s["source"]).name: s["reason"] for s in skipped}
+    assert set(reasons) == {"cut.mp4", "empty.mkv", "garbage.mp4", "labelled.mp4", "broken.tar"}
+    assert result.skipped == 5
+    for name, reason in reasons.items():
+        assert name in reason
+    assert "JSON" in reasons["labelled.mp4"]
+    assert not list(out.glob("*.tmp")) and not (out / shards.PARTS_DIR).exists()
+
+
+def test_missing_source_fails_before_anything_is_written(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.mp4"):
+        write(tmp_path / "out", [tmp_path / "nowhere.mp4"], **FAST)
+    assert not (tmp_path / "out").exists()
+
+
+def test_member_names_stay_unique(tmp_path) -> None:
+    one = make_folder(tmp_path / "one", {"a.mp4": clip(0)})
+    two = make_folder(tmp_path / "two", {"a.mkv": clip(1)})
+    kohakuclip.writer.write(tmp_path / "out", [one, two], **FAST)
+    assert [r["member"] for r in manifest(tmp_path / "out")] == ["a.mp4", "a_1.mp4"]
+
+
+def test_refuses_or_resumes_never_overwrites(tmp_path) -> None:
+    out = tmp_path / "out"
+    write(out, [("a.mp4", clip(0))], **FAST)
+    before = shard_bytes(out)
+    with pytest.raises(WriteError, match="resume"):
+        write(out, [("a.mp4", clip(0))], **FAST)
+    with pytest.raises(WriteError, match="different"):
+        write(out, [("a.mp4", clip(0))], resume=True, crf=30, **FAST)
+    again = write(out, [("a.mp4", clip(0)), ("b.mp4", clip(1))], resume=True, **FAST)
+    assert (again.videos, again.resumed_videos, again.shards) == (1, 1, ["shard_00001.zip"])
+    assert shard_bytes(out)["shard_00000.zip"] == before["shard_00000.zip"]
+    assert [r["member"] for r in manifest(out)] == ["a.mp4", "b.mp4"]
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "shard_00000.zip").write_bytes(b"x")
+    with pytest.raises(WriteError, match=r"encoding\.json"):
+        write(foreign, [("a.mp4", clip(0))], **FAST)
+
+
+def test_interrupted_run_resumes_to_the_same_shards(tmp_path, monkeypatch) -> None:
+    sources = [(f"v{i}.mp4", clip(i, 12)) for i in range(5)]
+    straight = tmp_path / "straight"
+    write(straight, sources, per_shard=2, workers=1, **FAST)
+    real = shards.encode_video
+    calls = []
+
+    def flaky(data, settings, name):
+        calls.append(name)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(data, settings, name)
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(shards, "encode_video", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        write(out, sources, per_shard=2, workers=1, **FAST)
+    monkeypatch.setattr(shards, "encode_video", real)
+    assert sorted(p.name for p in out.glob("shard_*")) == ["shard_00000.zip"]  # nothing partial
+    assert not (out / "manifest.parquet").exists()
+    (out / "shard_00002.zip.tmp").write_bytes(b"left by a crash")
+    resumed = write(out, sources, per_shard=2, workers=2, resume=True, **FAST)
+    assert (resumed.videos, resumed.resumed_videos) == (3, 2)
+    assert shard_bytes(out) == shard_bytes(straight)
+    assert manifest(out) == manifest(straight)
+    assert not list(out.glob("*.tmp"))
+
+
+def test_a_shard_without_saved_rows_is_redone(tmp_path) -> None:
+    out = tmp_path / "out"
+    sources = [(f"v{i}.mp4", clip(i, 12)) for i in range(3)]
+    write(out, sources[:2], per_shard=1, **FAST)
+    # a crash between renaming a shard and saving its rows leaves a shard the run never finished
+    orphan = out / "shard_00002.zip"
+    orphan.write_bytes(b"stale")
+    result = write(out, sources, per_shard=1, resume=True, **FAST)
+    assert result.shards == ["shard_00002.zip"]
+    assert orphan.read_bytes() != b"stale"
+    index, _ = read_index(str(orphan))
+    assert [v.member for v in index.videos] == ["v2.mp4"]
+
+
+def test_ffmpeg_backend_writes_the_same_layout(tmp_path) -> None:
+    out = tmp_path / "out"
+    result = write(out, [("a.mp4", clip(0))], backend="ffmpeg", codec="h264", progress=False)
+    assert result.videos == 1
+    row = manifest(out)[0]
+    assert (row["frames"], row["width"], row["height"], row["codec"]) == (20, 128, 80, "h264")
+    assert json.loads((out / "encoding.json").read_text())["backend"] == "ffmpeg"
+
+
+def test_write_cli(tmp_path, capsys) -> None:
+    folder = make_folder(tmp_path / "videos", {"a.mp4": clip(0), "b.mp4": clip(1)})
+    out = tmp_path / "out"
+    args = [str(out), str(folder), "--codec", "hevc", "--preset", "ultrafast", "--crf", "30"]
+    args += ["--per-shard", "1", "--container", "tar", "--workers", "2", "--quiet"]
+    assert cli.main(args) == 0
+    assert "2 videos" in capsys.readouterr().out
+    assert sorted(p.name for p in out.glob("shard_*")) == ["shard_00000.tar", "shard_00001.tar"]
+    settings = json.loads((out / "encoding.json").read_text())["settings"]
+    assert (settings["codec"], settings["crf"], settings["preset"]) == ("hevc", 30, "ultrafast")
+    assert cli.main(args) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert cli.main([*args, "--resume"]) == 0
+
+
+def test_demo_cli(tmp_path, capsys) -> None:
+    code = demo_cli.main(["demo", "--videos", "2", "--seconds", "0.5", "--out", str(tmp_path)])
+    assert code == 0
+    assert "wrote 2 videos" in capsys.readouterr().out
+    rows = manifest(tmp_path / "shards")
+    assert [r["frames"] for r in rows] == [12, 12]
+    assert all(r["caption"].startswith("sample video") for r in rows)
