@@ -24,7 +24,7 @@ class ClipDecodeError(RuntimeError):
     """Decoding failed; the message names the file, member and frames."""
 
 
-def _has_sequence_header(sample: memoryview) -> bool:
+def _has_sequence_header(sample: bytes | memoryview) -> bool:
     """True when the first OBU (after an optional temporal delimiter) is a sequence header."""
     pos = 0
     for _ in range(2):
@@ -89,13 +89,17 @@ class ClipDecoder:
                 )
             view = memoryview(buf)
             first = True
-            for start, end, display in gop.packets:
-                data: bytes | memoryview = view[start:end]
+            for pieces, display in gop.packets:
+                data: bytes | memoryview
+                if len(pieces) == 1:
+                    data = view[pieces[0][0] : pieces[0][1]]
+                else:
+                    data = b"".join([view[a:b] for a, b in pieces])
                 if annexb is not None:
                     data = annexb(data, track.nal_length_size)
                     if first:
                         data = prefix + data
-                elif first and prefix and not _has_sequence_header(view[start:end]):
+                elif first and prefix and not _has_sequence_header(data):
                     data = prefix + bytes(data)
                 first = False
                 packet = av.Packet(data)  # type: ignore[arg-type]

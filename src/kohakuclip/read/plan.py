@@ -1,17 +1,28 @@
 """Plan one clip: which byte ranges to read and which packets to feed the decoder.
 
-Per GOP holding wanted frames: one read from its keyframe to the last sample needed. With
-``skip=True`` samples that are not wanted are cut to the bytes later frames depend on (``keep``),
-and dropped when nothing depends on them.
+Per GOP holding wanted frames: one read from its keyframe to the last sample needed. What is fed
+from that read depends on ``skip``:
+
+- ``False``: every sample, whole.
+- ``"keep"``: samples that are not wanted are cut to the bytes later frames depend on (``keep``),
+  and dropped when nothing depends on them.
+- ``True``: for AV1 with a dependency table, only the frames the wanted frames transitively
+  reference (the per-clip closure); otherwise as ``"keep"``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
+from kohakuclip.codecs.av1 import closure
+from kohakuclip.formats import AV1_SHOW_EXISTING
 from kohakuclip.storage.catalog import VideoTrack
+
+Skip = bool | Literal["keep"]
+Pieces = tuple[tuple[int, int], ...]
 
 
 class FrameRangeError(IndexError):
@@ -20,11 +31,11 @@ class FrameRangeError(IndexError):
 
 @dataclass(frozen=True)
 class GopRead:
-    """One pread and the packets cut from it: (start, end, display index) per packet."""
+    """One pread and the packets cut from it: (byte ranges in the read, display index)."""
 
     offset: int
     length: int
-    packets: list[tuple[int, int, int]]
+    packets: list[tuple[Pieces, int]]
 
 
 @dataclass(frozen=True)
@@ -32,13 +43,14 @@ class ClipPlan:
     reads: list[GopRead]
     targets: dict[int, list[int]]  # display index -> output positions in the clip
     packets: int  # packets fed to the decoder
+    decoded: int  # frames the decoder decodes (AV1 hidden frames included when known)
 
     @property
     def bytes_read(self) -> int:
         return sum(r.length for r in self.reads)
 
 
-def plan_clip(track: VideoTrack, frames: list[int] | np.ndarray, skip: bool = True) -> ClipPlan:
+def plan_clip(track: VideoTrack, frames: list[int] | np.ndarray, skip: Skip = True) -> ClipPlan:
     """Plan the reads and decoder input for display-order ``frames`` of ``track``."""
     wanted_display = np.asarray(frames, dtype=np.int64)
     n = track.n
@@ -68,30 +80,88 @@ def plan_clip(track: VideoTrack, frames: list[int] | np.ndarray, skip: bool = Tr
         gop = np.where(leading & (gop > 0), gop - 1, gop)
     gop_start = keys[gop]
     reads = []
-    packets = 0
+    packets = decoded = 0
+    use_closure = skip is True and track.av1_frames is not None
     for first, last in _merged_ranges(gop_start, wanted_decode):
         in_range = wanted_decode[(wanted_decode >= first) & (wanted_decode <= last)]
-        samples = np.arange(first, last + 1)
-        sizes = track.sizes[first : last + 1].astype(np.int64)
-        if skip:
-            wanted = np.zeros(len(samples), dtype=bool)
-            wanted[in_range - first] = True
-            lengths = np.where(wanted, sizes, track.keep[first : last + 1].astype(np.int64))
-        else:
-            lengths = sizes
         offsets = track.offsets[first : last + 1].astype(np.int64)
+        sizes = track.sizes[first : last + 1].astype(np.int64)
         base = int(offsets.min())
         end = int((offsets + sizes).max())
+        if use_closure:
+            gop, n_frames = _closure_packets(track, first, in_range, offsets - base)
+        else:
+            gop, n_frames = _sample_packets(
+                track, first, last, in_range, offsets - base, sizes, skip
+            )
+        packets += len(gop)
+        decoded += n_frames
+        reads.append(GopRead(base, end - base, gop))
+    return ClipPlan(reads, targets, packets, decoded)
+
+
+def _display(track: VideoTrack, samples: np.ndarray) -> list[int]:
+    return (samples if track.display is None else track.display[samples]).tolist()
+
+
+def _sample_packets(
+    track: VideoTrack,
+    first: int,
+    last: int,
+    wanted: np.ndarray,
+    starts: np.ndarray,
+    sizes: np.ndarray,
+    skip: Skip,
+) -> tuple[list[tuple[Pieces, int]], int]:
+    """Whole samples, or unwanted ones cut to their ``keep`` bytes (dropped at 0)."""
+    if skip:
+        is_wanted = np.zeros(len(sizes), dtype=bool)
+        is_wanted[wanted - first] = True
+        lengths = np.where(is_wanted, sizes, track.keep[first : last + 1].astype(np.int64))
         lengths[0] = sizes[0]  # the keyframe is always fed whole
-        fed = lengths > 0
-        starts_in = offsets[fed] - base
-        display = samples[fed] if track.display is None else track.display[samples[fed]]
-        packets_gop = list(
-            zip(starts_in.tolist(), (starts_in + lengths[fed]).tolist(), display.tolist())
-        )
-        packets += len(packets_gop)
-        reads.append(GopRead(base, end - base, packets_gop))
-    return ClipPlan(reads, targets, packets)
+    else:
+        lengths = sizes
+    fed = np.flatnonzero(lengths > 0)
+    begin = starts[fed]
+    stop = begin + lengths[fed]
+    display = _display(track, fed + first)
+    packets = [(((a, b),), d) for a, b, d in zip(begin.tolist(), stop.tolist(), display)]
+    return packets, _frames_in(track, first, fed, lengths[fed])
+
+
+def _frames_in(track: VideoTrack, first: int, fed: np.ndarray, lengths: np.ndarray) -> int:
+    """Frames decoded from fed sample prefixes: exact with an AV1 table, else one per sample."""
+    table = track.av1_frames
+    if table is None:
+        return len(fed)
+    lo, hi = np.searchsorted(table["sample"], [first + fed[0], first + fed[-1] + 1])
+    part = table[lo:hi]
+    limit = np.zeros(int(fed[-1]) + 1, np.int64)
+    limit[fed] = lengths
+    inside = part["end"] <= limit[part["sample"] - first]
+    decodes = (part["flags"] & AV1_SHOW_EXISTING) == 0
+    return int(np.count_nonzero(inside & decodes))
+
+
+def _closure_packets(
+    track: VideoTrack, first: int, wanted: np.ndarray, starts: np.ndarray
+) -> tuple[list[tuple[Pieces, int]], int]:
+    """Only the frames the wanted frames transitively reference (AV1 dependency table)."""
+    assert track.av1_frames is not None
+    feed = closure(track.av1_frames, first, wanted.tolist())
+    packets: list[tuple[Pieces, int]] = []
+    current = -1
+    pieces: list[tuple[int, int]] = []
+    for sample, a, b in feed.ranges:
+        if sample != current:
+            if pieces:
+                packets.append((tuple(pieces), _display(track, np.array([current]))[0]))
+            current, pieces = sample, []
+        at = int(starts[sample - first])
+        pieces.append((at + a, at + b))
+    if pieces:
+        packets.append((tuple(pieces), _display(track, np.array([current]))[0]))
+    return packets, feed.decoded
 
 
 def _merged_ranges(gop_start: np.ndarray, wanted_decode: np.ndarray) -> list[tuple[int, int]]:

@@ -12,7 +12,7 @@ import numpy as np
 
 from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, frame_planes, square_crop
 from kohakuclip.decode.video import ClipDecoder
-from kohakuclip.read.plan import plan_clip
+from kohakuclip.read.plan import Skip, plan_clip
 from kohakuclip.read.pool import Pending, ThreadPool
 from kohakuclip.read.sample import clip
 from kohakuclip.storage.catalog import Catalog
@@ -68,6 +68,10 @@ class Reader:
     ``sources``: shard archives (with or without an index) and folder trees of mp4 files.
     Each clip is cropped to the short-side square (random or centred), resized to ``size``,
     optionally flipped, and written into one uint8 batch. Decoding runs on ``threads`` threads.
+    ``skip``: ``True`` decodes only what the wanted frames need (for AV1 shards with a dependency
+    table, the frames they transitively reference; otherwise unwanted samples cut to the bytes
+    later frames use), ``"keep"`` forces the latter, ``False`` decodes every sample from the
+    keyframe on. All three give the same pixels.
     ``mode`` picks the output: ``rgb`` [N, T, 3, S, S]; ``yuv_resized`` packed 4:2:0 planes at
     ``size``; ``yuv`` the stored-resolution crop window, packed 4:2:0 in a ``window`` square
     (default: the largest short side the indexes announce, else 512), finished on the GPU by
@@ -84,7 +88,7 @@ class Reader:
         hflip: float = 0.0,
         vflip: float = 0.0,
         seed: int | None = None,
-        skip: bool = True,
+        skip: Skip = True,
         use_index: bool = True,
         open_files: int = 4096,
         moov_cache: int = 4096,
@@ -101,6 +105,8 @@ class Reader:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {p}")
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
+        if skip not in (True, False, "keep"):
+            raise ValueError(f"skip must be True, False or 'keep', got {skip!r}")
         paths = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
         self.size, self.mode, self.threads = size, mode, threads
         self.crop, self.hflip, self.vflip, self.skip = crop, hflip, vflip, skip
@@ -284,7 +290,7 @@ class Reader:
             written[display] = positions[0]
 
         with files.open(track.path) as fd:
-            produced = worker.decoder.decode(track, plan, fd, on_frame)
+            worker.decoder.decode(track, plan, fd, on_frame)
         missing = [d for d in plan.targets if d not in written]
         if missing:
             raise ClipError(f"decoder produced no frame for display index {missing[0]}")
@@ -292,7 +298,7 @@ class Reader:
             s = self._stats
             s["clips"] += 1
             s["frames_out"] += len(frames)
-            s["frames_decoded"] += produced
+            s["frames_decoded"] += plan.decoded
             s["packets"] += plan.packets
             s["bytes_read"] += plan.bytes_read
 

@@ -17,6 +17,9 @@ from typing import Any
 import numpy as np
 
 from kohakuclip.formats import (
+    AV1_DEPS_KEY,
+    AV1_DEPS_MAGIC,
+    AV1_FRAME_RECORD,
     FLAG_KEYFRAME,
     FRAME_RECORD,
     INDEX_MEMBER,
@@ -66,6 +69,7 @@ class VideoTrack:
     display: np.ndarray | None = None
     decode_of_display: np.ndarray | None = None  # display index -> decode index
     key_positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    av1_frames: np.ndarray | None = None  # AV1_FRAME_RECORDs: per-frame dependencies
     n: int = 0  # frames shown
 
     def __post_init__(self) -> None:
@@ -86,6 +90,8 @@ class _Source:
     index_member: Member | None = None
     members: dict[str, Member] | None = None  # filled lazily for archives
     records_start: int = 0  # absolute offset of the first index record
+    deps_start: int = -1  # absolute offset of the AV1 dependency table (-1: none)
+    deps: dict[str, tuple[int, int]] | None = None  # member -> (first record offset, records)
 
 
 class Catalog:
@@ -162,7 +168,13 @@ class Catalog:
         except IndexFormatError as e:
             raise SourceError(str(e)) from None
         src.records_start = member.offset + (16 + length + 7) // 8 * 8
-        n_records = (member.size - (16 + length + 7) // 8 * 8) // FRAME_RECORD.itemsize
+        trailer = header.get(AV1_DEPS_KEY, 0)
+        if not isinstance(trailer, int) or not 0 <= trailer <= member.size:
+            raise SourceError(f"{where}: bad {AV1_DEPS_KEY!r} size {trailer!r}")
+        if trailer:
+            src.deps_start = member.offset + member.size - trailer
+        records_end = member.offset + member.size - trailer
+        n_records = (records_end - src.records_start) // FRAME_RECORD.itemsize
         for v in videos:
             if v.row < 0 or v.row + v.n > n_records:
                 raise SourceError(f"{where}: video {v.member!r} rows exceed the frame table")
@@ -186,6 +198,38 @@ class Catalog:
         if len(raw) != size:
             raise SourceError(f"{src.path}:{INDEX_MEMBER}: truncated frame table")
         return np.frombuffer(raw, dtype=FRAME_RECORD)
+
+    def _av1_frames(self, src: _Source, member: str) -> np.ndarray | None:
+        """A video's AV1_FRAME_RECORDs from the table after the index records, if any."""
+        if src.deps_start < 0:
+            return None
+        where = f"{src.path}:{INDEX_MEMBER}:{AV1_DEPS_KEY}"
+        if src.deps is None:
+            with self.files.open(src.path) as fd:
+                head = os.pread(fd, 16, src.deps_start)
+                if len(head) < 16:
+                    raise SourceError(f"{where}: truncated table")
+                (length,) = struct.unpack("<Q", head[8:16])
+                body = os.pread(fd, length, src.deps_start + 16)
+            try:
+                header, _ = decode_index(head + body, AV1_DEPS_MAGIC, np.dtype(np.uint8), where)
+                first = src.deps_start + (16 + length + 7) // 8 * 8
+                size = AV1_FRAME_RECORD.itemsize
+                src.deps = {
+                    str(v["member"]): (first + int(v["row"]) * size, int(v["n"]))
+                    for v in header["videos"]
+                }
+            except (IndexFormatError, KeyError, TypeError, ValueError) as e:
+                raise SourceError(f"{where}: {e}") from None
+        located = src.deps.get(member)
+        if located is None:
+            return None
+        start, count = located
+        with self.files.open(src.path) as fd:
+            raw = os.pread(fd, count * AV1_FRAME_RECORD.itemsize, start)
+        if len(raw) != count * AV1_FRAME_RECORD.itemsize:
+            raise SourceError(f"{where}: truncated table")
+        return np.frombuffer(raw, dtype=AV1_FRAME_RECORD)
 
     def ensure_process(self) -> None:
         """After a fork, forget the parent's locks and descriptors (never used across a fork)."""
@@ -308,6 +352,7 @@ class Catalog:
             keep=rows["keep"],
             keyframe=(rows["flags"] & FLAG_KEYFRAME) != 0,
             display=display,
+            av1_frames=self._av1_frames(src, entry.member) if entry.codec == "av1" else None,
         )
 
     def _vid_of(self, src: _Source, member: str) -> int:

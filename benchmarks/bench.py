@@ -1,0 +1,201 @@
+"""Clip reading speed: kohakuclip beside a naive PyAV loop and (optionally) KohakuClip 1.0.0.
+
+    python benchmarks/bench.py SHARD_OR_FOLDER... [--threads 1 2] [--clips 96]
+        [--reference "$(../shared/tools/reference-kohakuclip.sh)"] [--skip-compare]
+
+Every implementation reads the same items (drawn once here) in its own process, one after the
+other, so the ratios are side by side. ``ms/frame``: wall time x threads / output frames;
+``cpu ms``: process CPU time / output frames (steadier on a shared machine); ``dec/out``: frames
+decoded per output frame. Without sources, ``--make N`` writes N natural-looking synthetic videos
+(benchmarks/content.py) into default AV1 shards first (kept in ``--workdir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+SPECS = {
+    "8 @ 6 fps": dict(frames=8, fps=6.0, random=False),
+    "8 @ 24 fps": dict(frames=8, fps=24.0, random=False),
+    "16 @ 6 fps": dict(frames=16, fps=6.0, random=False),
+    "8 random": dict(frames=8, fps=None, random=True),
+}
+
+WORKER = r"""
+import json, sys, time
+import numpy as np
+import kohakuclip
+spec = json.load(sys.stdin)
+kwargs = dict(size=spec["size"], threads=spec["threads"], seed=0)
+if spec.get("skip") is not None:
+    kwargs["skip"] = spec["skip"]
+reader = kohakuclip.Reader(spec["sources"], **kwargs)
+items = [(v, f) for v, f in spec["items"]]
+batch = spec["batch"]
+reader.read(items[:batch])  # warm-up: threads, decoders, page cache
+t0, c0 = time.perf_counter(), time.process_time()
+pending = []
+for i in range(0, len(items), batch):
+    pending.append(reader.submit(items[i:i + batch]))
+    if len(pending) > 2:
+        pending.pop(0).result()
+for p in pending:
+    p.result()
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+stats = reader.stats() if hasattr(reader, "stats") else {}
+json.dump({"wall": wall, "cpu": cpu, "stats": stats}, sys.stdout)
+"""
+
+NAIVE = r"""
+import io, json, sys, time
+import av, cv2, numpy as np
+from kohakuclip.storage.catalog import Catalog
+spec = json.load(sys.stdin)
+cat = Catalog(spec["sources"])
+S = spec["size"]
+def member_bytes(vid):
+    path, base, size = cat._member_location(vid)
+    with open(path, "rb") as f:
+        f.seek(base)
+        return f.read(size)
+t0, c0 = time.perf_counter(), time.process_time()
+for vid, frames in spec["items"]:
+    with av.open(io.BytesIO(member_bytes(vid))) as c:
+        s = c.streams.video[0]
+        s.thread_count = 1
+        rate = float(s.average_rate)
+        tb = float(s.time_base)
+        c.seek(int(frames[0] / rate / tb), stream=s, backward=True)
+        wanted = set(frames)
+        got = 0
+        for f in c.decode(s):
+            idx = int(round(f.pts * tb * rate))
+            if idx in wanted:
+                rgb = f.to_ndarray(format="rgb24")
+                side = min(rgb.shape[:2])
+                cv2.resize(rgb[:side, :side], (S, S), interpolation=cv2.INTER_AREA)
+                got += 1
+            if idx >= frames[-1]:
+                break
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+json.dump({"wall": wall, "cpu": cpu, "stats": {}}, sys.stdout)
+"""
+
+
+def run(python: str, code: str, spec: dict) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [python, "-c", code], input=json.dumps(spec), capture_output=True, text=True, env=env
+    )
+    if proc.returncode:
+        raise RuntimeError(f"{python} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def draw_items(sources: list[str], spec: dict, clips: int, seed: int) -> list:
+    import numpy as np
+
+    import kohakuclip
+
+    reader = kohakuclip.Reader(sources, seed=seed)
+    rng = np.random.default_rng(seed)
+    items = []
+    for _ in range(clips):
+        vid = int(rng.integers(0, len(reader)))
+        info = reader.info(vid)
+        if spec["random"]:
+            frames = kohakuclip.random_frames(info.n, spec["frames"], rng)
+        else:
+            frames = kohakuclip.clip(info.n, spec["frames"], rng, spec["fps"], info.fps)
+        items.append((vid, frames))
+    return items
+
+
+def make_sources(n: int, out: str, codec: str) -> list[str]:
+    """Natural-looking synthetic videos (benchmarks/content.py), written as default shards."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from content import natural_videos
+
+    from kohakuclip.write.shards import write
+
+    videos = natural_videos(os.path.join(out, "sources"), n)
+    shards = os.path.join(out, f"shards_{codec}")
+    if not os.path.isdir(shards):
+        write(shards, videos, codec=codec, per_shard=max(1, n // 2), progress=True)
+    return sorted(os.path.join(shards, f) for f in os.listdir(shards) if f.startswith("shard_"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("sources", nargs="*")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--clips", type=int, default=96)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--reference", help="python that imports KohakuClip 1.0.0")
+    ap.add_argument("--no-naive", action="store_true", help="skip the naive PyAV loop")
+    ap.add_argument("--skip-compare", action="store_true", help="also run ours with skip=False")
+    ap.add_argument("--make", type=int, default=12, help="sample videos to write without sources")
+    ap.add_argument("--codec", default="av1", help="codec of the made shards")
+    ap.add_argument(
+        "--workdir",
+        default=os.path.join(tempfile.gettempdir(), "kc-bench"),
+        help="where made videos and shards are kept (reused across runs)",
+    )
+    ap.add_argument("--specs", nargs="+", default=list(SPECS), choices=list(SPECS))
+    args = ap.parse_args()
+    sources = args.sources or make_sources(args.make, args.workdir, args.codec)
+    print(f"sources: {sources}  size {args.size}  clips {args.clips}  batch {args.batch}")
+    print(f"machine: {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
+    header = (
+        f"{'clip':<12} {'impl':<22} {'thr':>3} {'clips/s':>8} {'ms/frame':>9} {'cpu ms':>7}"
+        f" {'dec/out':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name in args.specs:
+        spec = SPECS[name]
+        items = draw_items(sources, spec, args.clips, seed=1)
+        frames_out = args.clips * spec["frames"]
+        for threads in args.threads:
+            base = dict(
+                sources=sources, size=args.size, threads=threads, items=items, batch=args.batch
+            )
+            impls = [
+                ("kohakuclip", sys.executable, WORKER, {}),
+                ("kohakuclip keep only", sys.executable, WORKER, {"skip": "keep"}),
+            ]
+            if args.skip_compare:
+                impls.append(("kohakuclip skip=False", sys.executable, WORKER, {"skip": False}))
+            if args.reference:
+                impls.append(("KohakuClip 1.0.0", args.reference, WORKER, {}))
+            if not args.no_naive and threads == 1:
+                impls.append(("naive PyAV loop", sys.executable, NAIVE, {}))
+            results = {}
+            for label, python, code, extra in impls:
+                r = run(python, code, {**base, **extra})
+                ms = r["wall"] * threads / frames_out * 1000
+                cpu = r["cpu"] / frames_out * 1000
+                results[label] = (ms, cpu)
+                dpo = r["stats"].get("decoded_per_output")
+                dpo_text = "-" if dpo is None else f"{dpo:.2f}"
+                print(
+                    f"{name:<12} {label:<22} {threads:>3} {args.clips / r['wall']:>8.1f} "
+                    f"{ms:>9.2f} {cpu:>7.2f} {dpo_text:>8}"
+                )
+            if "KohakuClip 1.0.0" in results:
+                ours, ref = results["kohakuclip"], results["KohakuClip 1.0.0"]
+                print(
+                    f"{name:<12} {'ratio ours / reference':<22} {threads:>3} {'':>8} "
+                    f"{ours[0] / ref[0]:>9.2f} {ours[1] / ref[1]:>7.2f}"
+                )
+
+
+if __name__ == "__main__":
+    main()
