@@ -89,14 +89,14 @@ def plan_clip(track: VideoTrack, frames: list[int] | np.ndarray, skip: Skip = Tr
         base = int(offsets.min())
         end = int((offsets + sizes).max())
         if use_closure:
-            gop, n_frames = _closure_packets(track, first, in_range, offsets - base)
+            feed, n_frames = _closure_packets(track, first, in_range, offsets - base)
         else:
-            gop, n_frames = _sample_packets(
+            feed, n_frames = _sample_packets(
                 track, first, last, in_range, offsets - base, sizes, skip
             )
-        packets += len(gop)
+        packets += len(feed)
         decoded += n_frames
-        reads.append(GopRead(base, end - base, gop))
+        reads.append(GopRead(base, end - base, feed))
     return ClipPlan(reads, targets, packets, decoded)
 
 
