@@ -125,7 +125,9 @@ def _sample_packets(
     begin = starts[fed]
     stop = begin + lengths[fed]
     display = _display(track, fed + first)
-    packets = [(((a, b),), d) for a, b, d in zip(begin.tolist(), stop.tolist(), display)]
+    packets: list[tuple[Pieces, int]] = [
+        (((a, b),), d) for a, b, d in zip(begin.tolist(), stop.tolist(), display)
+    ]
     return packets, _frames_in(track, first, fed, lengths[fed])
 
 
