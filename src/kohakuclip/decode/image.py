@@ -1,0 +1,263 @@
+"""Decode one stored image straight into its slot of a batch: crop window, resize, flips, mode.
+
+JPEG goes through libjpeg-turbo (simplejpeg), shrunk in the DCT by 1/2, 1/4 or 1/8 when the
+crop window stays at least as large as the output (``dct_scale``); AV1 (raw OBUs) through
+libdav1d, whose planes go to the shared YUV pixel path; everything else through Pillow. The
+window is resized with an antialiased filter (box prefilter, then bilinear), flipped, and
+written in the layouts of ``decode.pixels.PixelWriter``: planar RGB, 4:2:0 planes resized to
+the output ("yuv_resized", flipped), or the window's planes at stored resolution in the top-left
+of a ``window`` square ("yuv", unflipped; the batch records crop and flips). RGB-decoded codecs
+give full-range BT.601 (JFIF) planes, AV1 its stored matrix. Each thread owns one decoder and
+its buffers; the heavy calls release the GIL.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Literal
+
+import cv2
+import numpy as np
+import simplejpeg
+from PIL import Image
+
+from kohakuclip.decode.pixels import Crop, PixelWriter, frame_planes, yuv420_planes
+from kohakuclip.formats import COLOR_BT709, COLOR_FULL_RANGE
+
+ImageMode = Literal["rgb", "yuv", "yuv_resized"]
+
+JPEG_COLORSPACE = "bt601-full"
+"""What RGB-decoded images report in the yuv modes: JPEG's own full-range BT.601 YCbCr."""
+
+_DCT_DENOMINATORS = (8, 4, 2)
+
+
+class ImageDecodeError(ValueError):
+    """Bytes that do not decode as the image they should be."""
+
+
+def sniff_codec(data: bytes) -> str:
+    """The codec of an image from its first bytes: an IMAGE_CODECS name, or "other"."""
+    if data[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    if data[:2] == b"\xff\x0a" or data[4:8] == b"JXL ":
+        return "jxl"
+    return "other"
+
+
+def output_shape(size: int, mode: ImageMode, window: int = 512) -> tuple[int, ...]:
+    """Shape of one image's output: [3, S, S] for rgb, else the flat 4:2:0 planes Y, U, V."""
+    return PixelWriter.frame_shape(size, mode, window)
+
+
+def resize_into(src: np.ndarray, dst: np.ndarray) -> None:
+    """Antialiased resize of a window (2-D or H x W x C) into ``dst``.
+
+    Shrinking by an integer factor per axis is OpenCV's area filter, which is fast there; any
+    other shrink first enlarges bilinearly to the next integer multiple of the output, then
+    area-averages by that integer (about an area filter of the true ratio, at a fraction of the
+    cost of OpenCV's general area path). Enlarging is bilinear.
+    """
+    h, w = src.shape[:2]
+    oh, ow = dst.shape[:2]
+    my, mx = max(1, -(-h // oh)), max(1, -(-w // ow))
+    if my == 1 and mx == 1:
+        cv2.resize(src, (ow, oh), dst=dst, interpolation=cv2.INTER_LINEAR)
+        return
+    if (h, w) != (my * oh, mx * ow):
+        src = cv2.resize(src, (mx * ow, my * oh), interpolation=cv2.INTER_LINEAR)
+    cv2.resize(src, (ow, oh), dst=dst, interpolation=cv2.INTER_AREA)
+
+
+def dct_denominator(width: int, height: int, crop: Crop, side: int) -> int:
+    """The largest JPEG DCT shrink (8, 4, 2 or 1) that keeps the crop window >= ``side``."""
+    for d in _DCT_DENOMINATORS:
+        if crop.w // d >= side and crop.h // d >= side:
+            return d
+    return 1
+
+
+class ImageDecoder:
+    """One thread's decoders and buffers for one output mode and side."""
+
+    def __init__(self, size: int, mode: ImageMode, window: int = 512) -> None:
+        self.size = size
+        self.mode = mode
+        self.window = window
+        self._rgb = np.empty((size, size, 3), np.uint8)
+        self._flipped = np.empty((size, size, 3), np.uint8)
+        self._ycrcb = np.empty((size, size, 3), np.uint8)
+        self._cr = np.empty((size, size), np.uint8)
+        self._cb = np.empty((size, size), np.uint8)
+        self._decoded = np.empty(0, np.uint8)
+        self._window_ycrcb = np.empty(0, np.uint8)
+        self._planes = PixelWriter(size, mode, window)
+        self._av1: Any = None  # libdav1d CodecContext, made on first use
+
+    # -- sizes -------------------------------------------------------------------------------
+    def probe(self, data: bytes, codec: str) -> tuple[int, int]:
+        """(width, height) from the image's header (AV1: by decoding it)."""
+        if codec == "jpeg":
+            try:
+                height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+                return width, height
+            except ValueError:
+                pass  # e.g. an arithmetic-coded JPEG: Pillow may still read it
+        if codec == "av1":
+            frame = self._decode_av1(data)
+            return frame.width, frame.height
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                return image.size
+        except Exception as e:
+            raise ImageDecodeError(f"cannot read the image header ({e})") from None
+
+    # -- decoding ----------------------------------------------------------------------------
+    def write(
+        self,
+        data: bytes,
+        codec: str,
+        color: int,
+        width: int,
+        height: int,
+        crop: Crop,
+        hflip: bool,
+        vflip: bool,
+        dct_scale: bool,
+        dst: np.ndarray,
+    ) -> str:
+        """Decode ``data`` and write the crop's output into ``dst``; returns the colorspace."""
+        if self.mode == "yuv" and (crop.w > self.window or crop.h > self.window):
+            raise ImageDecodeError(
+                f"crop window {crop.w}x{crop.h} exceeds the {self.window}-pixel yuv window "
+                "(use a larger yuv_size, or mode='yuv_resized')"
+            )
+        if codec == "av1":
+            frame = self._decode_av1(data)
+            if (frame.width, frame.height) != (width, height):
+                raise ImageDecodeError("decoded size differs from the index")
+            colorspace = "bt709" if color & COLOR_BT709 else "bt601"
+            full = bool(color & COLOR_FULL_RANGE)
+            self._planes.write(frame_planes(frame), crop, hflip, vflip, colorspace, full, dst)
+            return f"{colorspace}-full" if full else colorspace
+        rgb = self._decode_rgb(data, codec, width, height, crop, dct_scale and self.mode != "yuv")
+        if self.mode == "yuv":
+            self._window_planes(rgb, dst)
+        else:
+            self._finish_rgb(rgb, hflip, vflip, dst)
+        return "rgb" if self.mode == "rgb" else JPEG_COLORSPACE
+
+    def _decode_rgb(
+        self, data: bytes, codec: str, width: int, height: int, crop: Crop, dct_scale: bool
+    ) -> np.ndarray:
+        """The crop window of the decoded image, uint8 [h, w, 3] (maybe DCT-shrunk)."""
+        full = None
+        if codec == "jpeg":
+            full = self._decode_jpeg(data, width, height, crop, dct_scale)
+        if full is None:
+            full = _decode_with_pillow(data)
+        dh, dw = full.shape[:2]
+        if (dw, dh) == (width, height):
+            return full[crop.y : crop.y + crop.h, crop.x : crop.x + crop.w]
+        sx, sy = dw / width, dh / height
+        x0, x1 = round(crop.x * sx), max(round((crop.x + crop.w) * sx), round(crop.x * sx) + 1)
+        y0, y1 = round(crop.y * sy), max(round((crop.y + crop.h) * sy), round(crop.y * sy) + 1)
+        return full[y0:y1, x0:x1]
+
+    def _decode_jpeg(
+        self, data: bytes, width: int, height: int, crop: Crop, dct_scale: bool
+    ) -> np.ndarray | None:
+        """libjpeg-turbo into a reused buffer; None for JPEGs it cannot give as RGB (CMYK)."""
+        d = dct_denominator(width, height, crop, self.size) if dct_scale else 1
+        min_h = -(-height // d) if d > 1 else 0
+        min_w = -(-width // d) if d > 1 else 0
+        try:
+            dh, dw, colorspace, _ = simplejpeg.decode_jpeg_header(
+                data, min_height=min_h, min_width=min_w
+            )
+        except ValueError as e:
+            raise ImageDecodeError(f"not a readable JPEG ({e})") from None
+        if colorspace in ("CMYK", "YCCK"):
+            return None
+        need = dh * dw * 3
+        if self._decoded.size < need:
+            self._decoded = np.empty(need, np.uint8)
+        try:
+            return simplejpeg.decode_jpeg(
+                data,
+                colorspace="RGB",
+                min_height=min_h,
+                min_width=min_w,
+                buffer=self._decoded[:need],
+            )
+        except ValueError as e:
+            raise ImageDecodeError(f"libjpeg-turbo cannot decode it ({e})") from None
+
+    def _finish_rgb(self, window: np.ndarray, hflip: bool, vflip: bool, dst: np.ndarray) -> None:
+        resize_into(window, self._rgb)
+        rgb = self._rgb
+        if hflip or vflip:
+            cv2.flip(self._rgb, -1 if hflip and vflip else (1 if hflip else 0), dst=self._flipped)
+            rgb = self._flipped
+        if self.mode == "rgb":
+            cv2.split(rgb, [dst[0], dst[1], dst[2]])
+            return
+        y, u, v = yuv420_planes(dst, self.size)
+        cv2.cvtColor(rgb, cv2.COLOR_RGB2YCrCb, dst=self._ycrcb)  # JFIF: full-range BT.601
+        cv2.split(self._ycrcb, [y, self._cr, self._cb])
+        resize_into(self._cb, u)
+        resize_into(self._cr, v)
+
+    def _window_planes(self, window: np.ndarray, dst: np.ndarray) -> None:
+        """The window's full-range BT.601 planes at stored resolution, top-left, unflipped."""
+        h, w = window.shape[:2]
+        need = h * w * 3
+        if self._window_ycrcb.size < need:
+            self._window_ycrcb = np.empty(need, np.uint8)
+        ycrcb = self._window_ycrcb[:need].reshape(h, w, 3)
+        cv2.cvtColor(np.ascontiguousarray(window), cv2.COLOR_RGB2YCrCb, dst=ycrcb)
+        y, u, v = yuv420_planes(dst, self.window)
+        cv2.extractChannel(ycrcb, 0, dst=y[:h, :w])
+        ch, cw = (h + 1) // 2, (w + 1) // 2
+        for channel, plane in ((2, u), (1, v)):
+            full = cv2.extractChannel(ycrcb, channel)
+            if (h, w) != (2 * ch, 2 * cw):  # odd size: repeat the last row / column
+                full = cv2.copyMakeBorder(full, 0, 2 * ch - h, 0, 2 * cw - w, cv2.BORDER_REPLICATE)
+            cv2.resize(full, (cw, ch), dst=plane[:ch, :cw], interpolation=cv2.INTER_AREA)
+
+    def _decode_av1(self, data: bytes) -> Any:
+        import av
+
+        if self._av1 is None:
+            self._av1 = av.CodecContext.create("libdav1d", "r")
+            self._av1.thread_count = 1
+        ctx = self._av1
+        try:
+            frames = ctx.decode(av.Packet(data))
+            if not frames:
+                frames = ctx.decode(None)
+        except av.FFmpegError as e:
+            ctx.flush_buffers()
+            raise ImageDecodeError(f"libdav1d cannot decode it ({e})") from None
+        ctx.flush_buffers()
+        if not frames:
+            raise ImageDecodeError("libdav1d produced no picture")
+        return frames[0]
+
+
+def _decode_with_pillow(data: bytes) -> np.ndarray:
+    from kohakuclip.write.image_prepare import flatten
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+            flat = flatten(image)
+    except Exception as e:
+        raise ImageDecodeError(f"Pillow cannot decode it ({e})") from None
+    if flat.mode != "RGB":
+        flat = flat.convert("RGB")
+    return np.asarray(flat)

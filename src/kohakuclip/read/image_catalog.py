@@ -1,0 +1,194 @@
+"""The images of a set of sources: where each one's bytes are, and what is known about it.
+
+Indexed shards (zips with a KCIMG1 index) cost only their index header to open; the table is
+memory-mapped once per process and read record by record, so a catalog over tens of millions of
+images holds no per-image Python objects. Plain sources (zips with stored or deflated members,
+tars, folder trees) are listed once; their images' sizes and codecs come from the bytes when an
+image is read or ``info`` asks.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kohakuclip.formats import IMAGE_CODECS
+from kohakuclip.storage.files import FileCache
+from kohakuclip.storage.folder import list_folder
+from kohakuclip.storage.image_index import find_image_index, map_image_index, member_names
+from kohakuclip.storage.index import IndexFormatError
+from kohakuclip.storage.tar import list_tar
+from kohakuclip.storage.zip import ArchiveError, Member, list_zip
+from kohakuclip.write.image_sources import IMAGE_SUFFIXES
+
+
+class ImageSourceError(ValueError):
+    """A source that cannot be opened, or an image in it that cannot be located."""
+
+
+@dataclass(frozen=True)
+class ImageLocation:
+    """Everything a decode task needs to fetch one image; 0 / "" where not known yet."""
+
+    where: str  # "source:member" for messages
+    path: str  # file to read from
+    offset: int
+    size: int
+    compressed: bool  # deflated zip member
+    codec: str  # formats.IMAGE_CODECS name, or "" (sniff the bytes)
+    width: int
+    height: int
+    color: int
+
+
+@dataclass
+class _Source:
+    path: str
+    kind: str  # "indexed" | "zip" | "tar" | "folder"
+    count: int
+    index_member: Member | None = None
+    records: np.ndarray | None = None  # per process
+    records_pid: int = -1
+    names: list[str] = field(default_factory=list)  # plain sources (indexed: on demand)
+    offsets: np.ndarray | None = None  # plain archives
+    sizes: np.ndarray | None = None
+    compressed: np.ndarray | None = None
+
+
+class ImageCatalog:
+    """Image ids ``0 .. len-1`` over the sources, in source order."""
+
+    def __init__(self, sources: list[str], use_index: bool = True) -> None:
+        self.sources = [self._open(os.fspath(p), use_index) for p in sources]
+        counts = np.array([s.count for s in self.sources], dtype=np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self._lock = threading.Lock()
+
+    def _open(self, path: str, use_index: bool) -> _Source:
+        if os.path.isdir(path):
+            names = list_folder(path, IMAGE_SUFFIXES)
+            return _Source(path, "folder", len(names), names=names)
+        if not os.path.exists(path):
+            raise ImageSourceError(f"{path}: no such file or directory")
+        try:
+            if path.lower().endswith(".tar"):
+                return self._plain(path, "tar", list_tar(path))
+            found = find_image_index(path) if use_index else None
+            if found is not None:
+                return _Source(path, "indexed", found[1], index_member=found[0])
+            return self._plain(path, "zip", list_zip(path))
+        except (ArchiveError, IndexFormatError) as e:
+            raise ImageSourceError(str(e)) from None
+
+    @staticmethod
+    def _plain(path: str, kind: str, members: list[Member]) -> _Source:
+        images = [m for m in members if m.name.lower().endswith(IMAGE_SUFFIXES)]
+        return _Source(
+            path,
+            kind,
+            len(images),
+            names=[m.name for m in images],
+            offsets=np.array([m.offset for m in images], dtype=np.int64),
+            sizes=np.array([m.size for m in images], dtype=np.int64),
+            compressed=np.array([m.compressed for m in images], dtype=bool),
+        )
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def after_fork(self) -> None:
+        """Forget the memory maps and lock inherited through a fork."""
+        self._lock = threading.Lock()
+        for src in self.sources:
+            if src.records_pid != os.getpid():
+                src.records = None
+
+    def _find(self, image_id: int) -> tuple[_Source, int]:
+        s = int(np.searchsorted(self._starts, image_id, side="right")) - 1
+        return self.sources[s], image_id - int(self._starts[s])
+
+    def _records(self, src: _Source) -> np.ndarray:
+        if src.records is None or src.records_pid != os.getpid():
+            records = map_image_index(src.path, src.index_member)
+            assert records is not None
+            src.records, src.records_pid = records, os.getpid()
+        return src.records
+
+    def source(self, image_id: int) -> str:
+        """The path of the source holding one image."""
+        return self._find(image_id)[0].path
+
+    def position(self, image_id: int) -> int:
+        """The position of one image within its source."""
+        return self._find(image_id)[1]
+
+    def member(self, image_id: int) -> str:
+        """The member name (or folder-relative path) of one image."""
+        src, k = self._find(image_id)
+        if src.kind == "indexed" and not src.names:
+            with self._lock:
+                if not src.names:
+                    src.names = member_names(src.path, self._records(src))
+        return src.names[k]
+
+    def where(self, image_id: int) -> str:
+        src, _ = self._find(image_id)
+        return f"{src.path}:{self.member(image_id)}"
+
+    def locate(self, image_id: int) -> ImageLocation:
+        """Where the bytes of one image are and what the index says about them."""
+        src, k = self._find(image_id)
+        if src.kind == "indexed":
+            rec = self._records(src)[k]
+            codec_id = int(rec["codec"])
+            where = f"{src.path}:#{k}"
+            if codec_id >= len(IMAGE_CODECS):
+                raise ImageSourceError(f"{where}: unknown codec id {codec_id} in the index")
+            return ImageLocation(
+                where,
+                src.path,
+                int(rec["offset"]),
+                int(rec["size"]),
+                False,
+                IMAGE_CODECS[codec_id],
+                int(rec["width"]),
+                int(rec["height"]),
+                int(rec["color"]),
+            )
+        where = f"{src.path}:{src.names[k]}"
+        if src.kind == "folder":
+            path = os.path.join(src.path, src.names[k])
+            return ImageLocation(where, path, 0, -1, False, "", 0, 0, 0)
+        assert src.offsets is not None and src.sizes is not None and src.compressed is not None
+        return ImageLocation(
+            where,
+            src.path,
+            int(src.offsets[k]),
+            int(src.sizes[k]),
+            bool(src.compressed[k]),
+            "",
+            0,
+            0,
+            0,
+        )
+
+    @staticmethod
+    def read(loc: ImageLocation, files: FileCache) -> bytes:
+        """The bytes of one image (inflated when the member is deflated)."""
+        if loc.size < 0:
+            with open(loc.path, "rb") as f:
+                return f.read()
+        with files.open(loc.path) as fd:
+            data = os.pread(fd, loc.size, loc.offset)
+        if len(data) != loc.size:
+            raise ImageSourceError(f"{loc.where}: truncated ({len(data)} of {loc.size} bytes)")
+        if loc.compressed:
+            try:
+                return zlib.decompress(data, -15)
+            except zlib.error as e:
+                raise ImageSourceError(f"{loc.where}: cannot inflate member ({e})") from None
+        return data

@@ -1,0 +1,70 @@
+"""Captions and metadata of stored images, from the ``manifest.parquet`` beside their shards.
+
+A manifest is read the first time one of its shards is asked about, kept as a columnar table
+sorted by (shard, index), and looked up by position: no per-row Python objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from kohakuclip.write.images import MANIFEST
+
+_COLUMNS = ["shard", "index", "key", "caption", "json"]
+
+
+class _Table:
+    def __init__(self, path: str) -> None:
+        table = pq.read_table(path, columns=_COLUMNS)
+        self.table = table.sort_by([("shard", "ascending"), ("index", "ascending")])
+        runs = pc.run_end_encode(self.table.column("shard").combine_chunks())
+        ends = runs.run_ends.to_numpy()
+        starts = np.concatenate([[0], ends[:-1]])
+        self.starts = dict(zip(runs.values.to_pylist(), starts.tolist()))
+        self.index = self.table.column("index").to_numpy()
+
+
+class ImageManifest:
+    """Lookup of (shard path, index in shard) -> key, caption and parsed json sidecar."""
+
+    def __init__(self) -> None:
+        self._tables: dict[str, _Table | None] = {}
+        self._lock = threading.Lock()
+
+    def _table(self, directory: str) -> _Table | None:
+        with self._lock:
+            if directory not in self._tables:
+                path = os.path.join(directory, MANIFEST)
+                self._tables[directory] = _Table(path) if os.path.isfile(path) else None
+            return self._tables[directory]
+
+    def lookup(self, shard: str, index: int) -> dict[str, Any] | None:
+        """The manifest row of one stored image, or None when there is none."""
+        table = self._table(os.path.dirname(os.path.abspath(shard)))
+        if table is None:
+            return None
+        start = table.starts.get(os.path.basename(shard))
+        pos = None if start is None else start + index
+        if pos is None or pos >= len(table.index) or table.index[pos] != index:
+            return None
+        row: dict[str, Any] = table.table.slice(pos, 1).to_pylist()[0]
+        text = row.pop("json")
+        row["meta"] = _parse(text)
+        row.pop("shard")
+        return row
+
+
+def _parse(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

@@ -1,0 +1,268 @@
+"""``ImageReader``: batches of cropped images from shards, archives and folders, decoded on a
+persistent thread pool straight into one uint8 array."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from kohakuclip.decode.image import ImageDecoder, ImageMode, output_shape, sniff_codec
+from kohakuclip.read.image_catalog import ImageCatalog, ImageLocation
+from kohakuclip.read.image_crop import image_crop
+from kohakuclip.read.pool import Pending, ThreadPool
+from kohakuclip.read.seeding import generator
+from kohakuclip.storage.files import FileCache
+
+ImageCrop = Literal["random", "center", "resized"]
+
+
+class ImageReadError(RuntimeError):
+    """An image that could not be read; the message names the source and member."""
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What the reader knows about one image."""
+
+    width: int  # stored size
+    height: int
+    codec: str  # formats.IMAGE_CODECS name, or "other" (decoded by Pillow)
+    size: int  # bytes in the source (for a deflated zip member: compressed)
+    source: str
+    member: str
+
+
+@dataclass
+class ImageBatch:
+    """Decoded images and what was done to them."""
+
+    image: np.ndarray  # uint8 [N, 3, S, S] (rgb) or [N, S*S + 2*ceil(S/2)^2] (yuv modes)
+    ids: list[int]
+    crops: np.ndarray  # int32 [N, 4]: x, y, w, h of the window in stored pixels
+    flips: np.ndarray  # bool [N, 2]: horizontal, vertical
+    colorspaces: list[str]  # "rgb", or the YUV matrix of the planes ("bt601-full", ...)
+    full_range: np.ndarray  # bool [N]: the planes are full range (yuv modes)
+    mode: str  # "rgb", "yuv_resized" or "yuv" (what kohakuclip.torch.yuv_to_rgb needs)
+
+    @property
+    def video(self) -> np.ndarray:
+        """The pixels under the name the batch datasets share with clip batches."""
+        return self.image
+
+
+class ImageReader:
+    """Reads batches of images from KCIMG1 shards, plain zips (stored or deflated), tars and
+    folder trees.
+
+    Each image is cropped (``crop``: "random" or "center" short-side square, or "resized":
+    RandomResizedCrop with ``scale`` and ``ratio``), resized to ``size``, flipped with
+    probabilities ``hflip`` / ``vflip``, and written into one uint8 batch: planar RGB, or 4:2:0
+    YUV planes for ``kohakuclip.torch.yuv_to_rgb`` to finish on the GPU ("yuv_resized": resized
+    to ``size`` and flipped; "yuv": the window at stored resolution in the top-left of a
+    ``yuv_size`` square, unflipped, so windows must fit in it). JPEG is shrunk in the DCT when
+    the window allows (``dct_scale``; not in "yuv" mode). Decoding runs on ``threads`` threads;
+    every random choice of a batch comes from its seed.
+    """
+
+    def __init__(
+        self,
+        sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        size: int = 256,
+        threads: int = 1,
+        crop: ImageCrop = "random",
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        hflip: float = 0.0,
+        vflip: float = 0.0,
+        mode: ImageMode = "rgb",
+        dct_scale: bool = True,
+        seed: int | None = None,
+        yuv_size: int = 512,
+        use_index: bool = True,
+        open_files: int = 4096,
+    ) -> None:
+        if mode not in get_args(ImageMode):
+            raise ValueError(f"mode must be one of {get_args(ImageMode)}, got {mode!r}")
+        if crop not in get_args(ImageCrop):
+            raise ValueError(f"crop must be one of {get_args(ImageCrop)}, got {crop!r}")
+        for name, side in (("size", size), ("yuv_size", yuv_size)):
+            if not isinstance(side, int) or side < 2:
+                raise ValueError(f"{name} must be an int >= 2, got {side!r}")
+        for name, p in (("hflip", hflip), ("vflip", vflip)):
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name} must be a probability in [0, 1], got {p}")
+        if not 0 < scale[0] <= scale[1] <= 1:
+            raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {scale}")
+        if not 0 < ratio[0] <= ratio[1]:
+            raise ValueError(f"ratio must satisfy 0 < min <= max, got {ratio}")
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        paths = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+        self.size, self.mode, self.threads, self.crop = size, mode, threads, crop
+        self.scale, self.ratio = (
+            (float(scale[0]), float(scale[1])),
+            (float(ratio[0]), float(ratio[1])),
+        )
+        self.hflip, self.vflip, self.dct_scale = hflip, vflip, dct_scale
+        self.yuv_size = yuv_size
+        self._open_files = open_files
+        self._catalog = ImageCatalog([os.fspath(p) for p in paths], use_index)
+        self._rng = np.random.default_rng(seed)
+        self._pid = -1
+        self._pool: ThreadPool | None = None
+        self._files: FileCache | None = None
+
+    # -- catalog -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._catalog)
+
+    def _check_id(self, image_id: Any) -> int:
+        if not isinstance(image_id, (int, np.integer)) or not 0 <= image_id < len(self._catalog):
+            raise IndexError(f"image id {image_id!r} out of range (reader has {len(self)} images)")
+        return int(image_id)
+
+    def info(self, image_id: int) -> ImageInfo:
+        """Stored size, codec, bytes, source and member of one image (plain sources: read from
+        the image's header)."""
+        image_id = self._check_id(image_id)
+        loc = self._catalog.locate(image_id)
+        width, height, codec = loc.width, loc.height, loc.codec
+        if not codec:
+            _, files = self._ensure_process()
+            data = ImageCatalog.read(loc, files)
+            codec = sniff_codec(data)
+            width, height = ImageDecoder(2, "rgb").probe(data, codec)
+        size = loc.size if loc.size >= 0 else os.path.getsize(loc.path)
+        member = self._catalog.member(image_id)
+        return ImageInfo(width, height, codec, size, self._catalog.source(image_id), member)
+
+    def origin(self, image_id: int) -> tuple[str, int]:
+        """(source path, position in that source) of one image: for an indexed shard, the
+        ``index`` of its manifest row."""
+        image_id = self._check_id(image_id)
+        return self._catalog.source(image_id), self._catalog.position(image_id)
+
+    def sample(self, n: int, seed: int | None = None) -> list[int]:
+        """``n`` image ids drawn uniformly (with replacement)."""
+        if len(self) == 0:
+            raise ValueError("the reader has no images")
+        rng = np.random.default_rng(seed) if seed is not None else self._rng
+        return rng.integers(0, len(self), size=n).tolist()
+
+    # -- reading -----------------------------------------------------------------------------
+    def batch_shape(self, n_items: int) -> tuple[int, ...]:
+        """Shape of the ``image`` array of a batch of ``n_items`` images."""
+        return (n_items, *output_shape(self.size, self.mode, self.yuv_size))
+
+    def _ensure_process(self) -> tuple[ThreadPool, FileCache]:
+        """Threads, descriptors and memory maps belong to one process: renewed after a fork."""
+        if self._pid != os.getpid() or self._pool is None or self._files is None:
+            self._pid = os.getpid()
+            self._catalog.after_fork()
+            self._files = FileCache(self._open_files)
+            size, mode, window = self.size, self.mode, self.yuv_size
+            self._pool = ThreadPool(self.threads, lambda: ImageDecoder(size, mode, window))
+        return self._pool, self._files
+
+    def submit(
+        self, ids: Sequence[int], out: np.ndarray | None = None, seed: int | None = None
+    ) -> Pending[ImageBatch]:
+        """Queue a batch for decoding; returns at once. ``out`` (optional) receives the pixels."""
+        clean = [self._check_id(i) for i in ids]
+        if not clean:
+            raise ValueError("a batch needs at least one image")
+        shape = self.batch_shape(len(clean))
+        if out is None:
+            out = np.empty(shape, dtype=np.uint8)
+        else:
+            out = np.asarray(out)
+            if out.shape != shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
+                raise ValueError(
+                    f"out must be a C-contiguous uint8 array of shape {shape}, "
+                    f"got {out.dtype} {out.shape}"
+                )
+            if not out.flags.writeable:
+                raise ValueError("out must be writeable")
+        if seed is None:
+            seed = int(self._rng.integers(0, 2**63 - 1))
+        batch = ImageBatch(
+            image=out,
+            ids=clean,
+            crops=np.zeros((len(clean), 4), np.int32),
+            flips=np.zeros((len(clean), 2), bool),
+            colorspaces=[""] * len(clean),
+            full_range=np.zeros(len(clean), bool),
+            mode=self.mode,
+        )
+        pool, files = self._ensure_process()
+        pending: Pending[ImageBatch] = Pending(len(clean), batch)
+        pool.submit([self._task(batch, i, seed, files) for i in range(len(clean))], pending)
+        return pending
+
+    def read(
+        self, ids: Sequence[int], out: np.ndarray | None = None, seed: int | None = None
+    ) -> ImageBatch:
+        """Decode a batch and wait for it."""
+        return self.submit(ids, out, seed).result()
+
+    def _task(self, batch: ImageBatch, i: int, seed: int, files: FileCache) -> Any:
+        def run(decoder: ImageDecoder) -> None:
+            loc = self._catalog.locate(batch.ids[i])
+            try:
+                self._read_one(decoder, loc, batch, i, seed, files)
+            except Exception as e:
+                raise ImageReadError(f"{self._where(batch.ids[i], loc)}: {e}") from e
+
+        return run
+
+    def _where(self, image_id: int, loc: ImageLocation) -> str:
+        try:
+            return self._catalog.where(image_id)
+        except Exception:  # a shard too broken to list still gets named
+            return loc.where
+
+    def _read_one(
+        self,
+        decoder: ImageDecoder,
+        loc: ImageLocation,
+        batch: ImageBatch,
+        i: int,
+        seed: int,
+        files: FileCache,
+    ) -> None:
+        data = ImageCatalog.read(loc, files)
+        codec, width, height = loc.codec, loc.width, loc.height
+        if not codec:
+            codec = sniff_codec(data)
+            width, height = decoder.probe(data, codec)
+        rng = generator(seed, i)
+        crop = image_crop(self.crop, width, height, rng, self.scale, self.ratio)
+        hflip = bool(rng.random() < self.hflip)
+        vflip = bool(rng.random() < self.vflip)
+        batch.crops[i] = (crop.x, crop.y, crop.w, crop.h)
+        batch.flips[i] = (hflip, vflip)
+        colorspace = decoder.write(
+            data, codec, loc.color, width, height, crop, hflip, vflip, self.dct_scale,
+            batch.image[i],
+        )  # fmt: skip
+        batch.colorspaces[i] = colorspace
+        batch.full_range[i] = colorspace.endswith("-full")
+
+    def close(self) -> None:
+        """Join the threads and close the files."""
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.close()
+        if self._files is not None and self._pid == os.getpid():
+            self._files.close()
+        self._pool = None
+        self._files = None
+
+    def __enter__(self) -> ImageReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

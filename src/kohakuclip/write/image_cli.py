@@ -1,0 +1,69 @@
+"""``kohakuclip-write-images OUT SOURCES...``: encode images into indexed zip shards."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kohakuclip.write.image_codecs import JPEG_ENCODERS, STORAGE_CODECS
+from kohakuclip.write.image_sources import SourceError
+from kohakuclip.write.images import write_images
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kohakuclip-write-images",
+        description="Store images (files, folders with <stem>.txt / <stem>.json sidecars, "
+        "WebDataset tars, zip archives) as zip shards with a KCIMG1 index, plus "
+        "manifest.parquet, skipped.jsonl and encoding.json.",
+    )
+    p.add_argument("out", help="output directory")
+    p.add_argument("sources", nargs="+", help="image files, folders, .tar or .zip archives")
+    p.add_argument("--quality", type=int, default=70, help="0-100 (default 70)")
+    p.add_argument("--max-short", type=int, default=512, help="cap of the short side (0: none)")
+    p.add_argument(
+        "--min-short", type=int, default=384, help="drop images whose short side is smaller"
+    )
+    p.add_argument("--per-shard", type=int, default=10000, help="images per shard")
+    p.add_argument("--workers", type=int, default=None, help="encoding threads (default: CPUs)")
+    p.add_argument("--codec", choices=STORAGE_CODECS, default="jpeg")
+    p.add_argument(
+        "--jpeg-encoder",
+        choices=JPEG_ENCODERS,
+        default="tuned",
+        help="tuned: smallest at equal quality (default); turbo: fastest; jpegli: 4:2:0 only",
+    )
+    p.add_argument("--backend", choices=("native", "pillow"), default="native")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        summary = write_images(
+            args.out,
+            args.sources,
+            quality=args.quality,
+            max_short=args.max_short,
+            min_short=args.min_short,
+            per_shard=args.per_shard,
+            workers=args.workers,
+            codec=args.codec,
+            jpeg_encoder=args.jpeg_encoder,
+            backend=args.backend,
+            progress=not args.no_progress,
+        )
+    except (SourceError, ValueError) as e:
+        print(f"kohakuclip-write-images: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"{summary.images} images in {len(summary.shards)} shards, {summary.skipped} skipped "
+        f"(see {summary.out_dir}/skipped.jsonl)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+"""Write image shards: encode every source image, pack stored zips with a KCIMG1 index.
+
+``write_images`` is the whole job (what ``kohakuclip-write-images`` runs): sources in order,
+``workers`` threads preparing and encoding images (the heavy parts release the GIL), shards of
+``per_shard`` images written under a temporary name and renamed when complete, then
+``manifest.parquet`` (one row per stored image), ``skipped.jsonl`` (one line per image left out,
+with the reason) and ``encoding.json`` (the settings) beside them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from kohakuclip.formats import IMAGE_CODECS, INDEX_MEMBER
+from kohakuclip.storage.image_index import encode_image_index, image_records
+from kohakuclip.storage.zip import ZipWriter
+from kohakuclip.write.image_codecs import Encoded, check_codec, encode_pixels
+from kohakuclip.write.image_prepare import Backend, ImageSkip, prepare
+from kohakuclip.write.image_sources import SourceImage, iter_sources
+
+MANIFEST = "manifest.parquet"
+SKIPPED = "skipped.jsonl"
+ENCODING = "encoding.json"
+SHARD_PATTERN = "shard_{:05d}.zip"
+_PARTIAL = ".partial"
+
+_MANIFEST_SCHEMA = pa.schema(
+    [
+        ("shard", pa.string()),
+        ("index", pa.int64()),
+        ("key", pa.string()),
+        ("member", pa.string()),
+        ("stored_size", pa.int64()),
+        ("source_size", pa.int64()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("source_width", pa.int32()),
+        ("source_height", pa.int32()),
+        ("caption", pa.string()),
+        ("json", pa.string()),
+        ("source", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """One image ready to pack."""
+
+    data: bytes
+    codec: str  # name in formats.IMAGE_CODECS
+    color: int  # formats.COLOR_* flags
+    suffix: str  # member name suffix (".jpg", ...)
+    width: int  # stored size
+    height: int
+    source_width: int  # upright source size
+    source_height: int
+    source_size: int  # bytes of the source file
+
+
+def encode_image(
+    source: bytes | str | os.PathLike[str],
+    *,
+    codec: str = "jpeg",
+    quality: int = 70,
+    max_short: int = 512,
+    min_short: int = 0,
+    jpeg_encoder: str = "tuned",
+    backend: Backend = "native",
+) -> EncodedImage:
+    """Prepare and encode one image (a path or its bytes).
+
+    Raises ``ImageSkip`` (with ``reason`` "too small", "corrupt" or "empty") for an image that
+    would not be stored.
+    """
+    check_codec(codec, jpeg_encoder)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+    else:
+        with open(source, "rb") as f:
+            data = f.read()
+    prepared = prepare(data, max_short, min_short, backend)
+    encoded: Encoded = encode_pixels(prepared.pixels, codec, quality, jpeg_encoder)
+    height, width = prepared.pixels.shape[:2]
+    return EncodedImage(
+        encoded.data,
+        encoded.codec,
+        encoded.color,
+        encoded.suffix,
+        width,
+        height,
+        prepared.source_width,
+        prepared.source_height,
+        len(data),
+    )
+
+
+class _ShardWriter:
+    """One zip shard being written under a temporary name."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file = open(path + _PARTIAL, "wb")  # closed by finish / abort
+        self._zip = ZipWriter(self._file)
+        self._rows: list[tuple[int, int, int, int, int, int]] = []
+        self._names: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def add(self, key: str, image: EncodedImage) -> str:
+        """Store one image; returns its member name (made unique within the shard)."""
+        name = key + image.suffix
+        n = 1
+        while name in self._names or name == INDEX_MEMBER:
+            name = f"{key}_{n}{image.suffix}"
+            n += 1
+        self._names.add(name)
+        offset = self._zip.add(name, image.data)
+        codec = IMAGE_CODECS.index(image.codec)
+        self._rows.append((offset, len(image.data), image.width, image.height, codec, image.color))
+        return name
+
+    def finish(self) -> None:
+        """Append the index as the last member, close, rename into place."""
+        records = image_records(len(self._rows))
+        for i, (offset, size, width, height, codec, color) in enumerate(self._rows):
+            records[i] = (offset, size, width, height, codec, color, b"\0\0")
+        self._zip.add(INDEX_MEMBER, encode_image_index(records))
+        self._zip.close()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self.path + _PARTIAL, self.path)
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):  # the partial file is deleted either way
+            self._zip.close()
+        self._file.close()
+        os.unlink(self.path + _PARTIAL)
+
+
+def pack_images(
+    path: str | os.PathLike[str], images: Iterable[tuple[str, EncodedImage]]
+) -> list[str]:
+    """Write one shard of ``(key, image)`` pairs to ``path``; returns the member names."""
+    writer = _ShardWriter(os.fspath(path))
+    try:
+        names = [writer.add(key, image) for key, image in images]
+        writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    return names
+
+
+@dataclass
+class WriteSummary:
+    """What a ``write_images`` job produced."""
+
+    out_dir: str
+    shards: list[str] = field(default_factory=list)
+    images: int = 0
+    skipped: int = 0
+    stored_bytes: int = 0
+    source_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class _Settings:
+    codec: str
+    quality: int
+    max_short: int
+    min_short: int
+    jpeg_encoder: str
+    backend: str
+    per_shard: int
+
+
+def _clean_key(key: str) -> str:
+    while key.startswith(("./", "/")):
+        key = key[2:] if key.startswith("./") else key[1:]
+    return key or "image"
+
+
+def _job(item: SourceImage, s: _Settings) -> EncodedImage | ImageSkip:
+    try:
+        data = item.read()
+    except OSError as e:
+        return ImageSkip("unreadable", str(e))
+    try:
+        return encode_image(
+            data,
+            codec=s.codec,
+            quality=s.quality,
+            max_short=s.max_short,
+            min_short=s.min_short,
+            jpeg_encoder=s.jpeg_encoder,
+            backend=s.backend,  # type: ignore[arg-type]
+        )
+    except ImageSkip as skip:
+        return skip
+    except (ValueError, OSError, RuntimeError) as e:  # an encoder refusing this picture
+        return ImageSkip("encode failed", f"{type(e).__name__}: {e}")
+
+
+def _in_order(
+    items: Iterator[SourceImage], settings: _Settings, workers: int
+) -> Iterator[tuple[SourceImage, EncodedImage | ImageSkip]]:
+    """Encode on ``workers`` threads, yielding results in source order (bounded look-ahead)."""
+    with ThreadPoolExecutor(workers, thread_name_prefix="kohakuclip-img") as pool:
+        pending: deque[tuple[SourceImage, Future[EncodedImage | ImageSkip]]] = deque()
+        for item in items:
+            pending.append((item, pool.submit(_job, item, settings)))
+            if len(pending) >= 4 * workers:
+                done, future = pending.popleft()
+                yield done, future.result()
+        while pending:
+            done, future = pending.popleft()
+            yield done, future.result()
+
+
+def write_images(
+    out_dir: str | os.PathLike[str],
+    sources: Iterable[str | os.PathLike[str]],
+    *,
+    quality: int = 70,
+    max_short: int = 512,
+    min_short: int = 384,
+    per_shard: int = 10000,
+    workers: int | None = None,
+    codec: str = "jpeg",
+    jpeg_encoder: str = "tuned",
+    backend: Backend = "native",
+    progress: bool = True,
+) -> WriteSummary:
+    """Encode every image of ``sources`` into zip shards in ``out_dir`` (see the module doc)."""
+    check_codec(codec, jpeg_encoder)
+    if per_shard < 1:
+        raise ValueError(f"per_shard must be >= 1, got {per_shard}")
+    if backend not in ("native", "pillow"):
+        raise ValueError(f"unknown backend {backend!r}; one of native, pillow")
+    settings = _Settings(codec, quality, max_short, min_short, jpeg_encoder, backend, per_shard)
+    workers = workers or os.cpu_count() or 1
+    out = os.fspath(out_dir)
+    os.makedirs(out, exist_ok=True)
+    summary = WriteSummary(out)
+    items = iter_sources(list(sources))
+    manifest_tmp = os.path.join(out, MANIFEST + _PARTIAL)
+    manifest = pq.ParquetWriter(manifest_tmp, _MANIFEST_SCHEMA)
+    skipped_tmp = os.path.join(out, SKIPPED + _PARTIAL)
+    shard: _ShardWriter | None = None
+    rows: list[dict[str, Any]] = []
+    try:
+        with (
+            open(skipped_tmp, "w", encoding="utf-8") as skipped,
+            tqdm(unit="img", disable=not progress, desc="images") as bar,
+        ):
+            for item, result in _in_order(items, settings, workers):
+                bar.update(1)
+                if isinstance(result, ImageSkip):
+                    line = {"source": item.origin, "key": item.key, "reason": result.reason}
+                    line["detail"] = result.detail
+                    skipped.write(json.dumps(line, ensure_ascii=False) + "\n")
+                    summary.skipped += 1
+                    continue
+                if shard is None:
+                    shard = _ShardWriter(
+                        os.path.join(out, SHARD_PATTERN.format(len(summary.shards)))
+                    )
+                index = len(shard)
+                member = shard.add(_clean_key(item.key), result)
+                rows.append(_manifest_row(shard.path, index, item, member, result))
+                summary.images += 1
+                summary.stored_bytes += len(result.data)
+                summary.source_bytes += result.source_size
+                if len(shard) == per_shard:
+                    summary.shards.append(_close_shard(shard, manifest, rows))
+                    shard = None
+            if shard is not None:
+                summary.shards.append(_close_shard(shard, manifest, rows))
+                shard = None
+        manifest.close()
+    except BaseException:
+        if shard is not None:
+            shard.abort()
+        manifest.close()
+        raise
+    os.replace(manifest_tmp, os.path.join(out, MANIFEST))
+    os.replace(skipped_tmp, os.path.join(out, SKIPPED))
+    with open(os.path.join(out, ENCODING), "w", encoding="utf-8") as f:
+        json.dump(_encoding_record(settings, summary), f, indent=2)
+        f.write("\n")
+    return summary
+
+
+def _manifest_row(
+    shard_path: str, index: int, item: SourceImage, member: str, image: EncodedImage
+) -> dict[str, Any]:
+    return {
+        "shard": os.path.basename(shard_path),
+        "index": index,
+        "key": os.path.splitext(member)[0],
+        "member": member,
+        "stored_size": len(image.data),
+        "source_size": image.source_size,
+        "width": image.width,
+        "height": image.height,
+        "source_width": image.source_width,
+        "source_height": image.source_height,
+        "caption": item.caption,
+        "json": item.meta,
+        "source": item.origin,
+    }
+
+
+def _close_shard(
+    shard: _ShardWriter, manifest: pq.ParquetWriter, rows: list[dict[str, Any]]
+) -> str:
+    shard.finish()
+    manifest.write_table(pa.Table.from_pylist(rows, schema=_MANIFEST_SCHEMA))
+    rows.clear()
+    return shard.path
+
+
+def _encoding_record(settings: _Settings, summary: WriteSummary) -> dict[str, Any]:
+    import PIL
+    import simplejpeg
+
+    from kohakuclip import __version__
+
+    record: dict[str, Any] = asdict(settings)
+    record["index_codec"] = {"jpeg": "jpeg", "avif": "av1"}.get(settings.codec, settings.codec)
+    record["jpeg"] = {
+        "subsampling": "4:2:0" if settings.jpeg_encoder == "jpegli" else "4:4:4",
+        "baseline": True,
+    }
+    record["resize"] = "lanczos3, short side capped, never upscaled"
+    record["versions"] = {
+        "kohakuclip": __version__,
+        "pillow": PIL.__version__,
+        "simplejpeg": simplejpeg.__version__,
+    }
+    record["images"] = summary.images
+    record["skipped"] = summary.skipped
+    record["shards"] = [os.path.basename(p) for p in summary.shards]
+    return record

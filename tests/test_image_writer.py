@@ -1,0 +1,409 @@
+"""Image shard writing: sources, odd inputs, the KCIMG1 index, manifest, codecs, CLI."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import simplejpeg
+from image_media import (
+    encode,
+    oriented_jpeg,
+    photo,
+    psnr,
+    write_tar,
+    write_zip,
+)
+from PIL import Image
+
+from kohakuclip.formats import (
+    COLOR_FULL_RANGE,
+    COLOR_GRAY,
+    IMAGE_CODECS,
+    INDEX_MEMBER,
+)
+from kohakuclip.image_writer import ImageSkip, encode_image, pack_images, write_images
+from kohakuclip.storage.image_index import map_image_index, member_names
+from kohakuclip.storage.zip import list_zip
+from kohakuclip.write.image_cli import main as cli_main
+from kohakuclip.write.image_codecs import encode_pixels, quality_table
+
+
+def _reference(upright: np.ndarray, max_short: int) -> np.ndarray:
+    """Pillow's Lanczos resize of the upright pixels to the stored size."""
+    h, w = upright.shape[:2]
+    s = max_short / min(h, w)
+    if s >= 1:
+        return upright
+    size = (round(w * s), round(h * s))
+    size = (max(size[0], max_short), max(size[1], max_short))
+    return np.asarray(Image.fromarray(upright).resize(size, Image.Resampling.LANCZOS))
+
+
+def _jpeg_markers(data: bytes) -> list[int]:
+    """Marker codes up to the first scan."""
+    pos, out = 2, []
+    while pos < len(data) and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        out.append(marker)
+        if marker == 0xDA:
+            break
+        pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+    return out
+
+
+def _sampling(data: bytes) -> list[tuple[int, int]]:
+    pos = data.index(b"\xff\xc0") + 9
+    count = data[pos]
+    return [(data[pos + 2 + 3 * i] >> 4, data[pos + 2 + 3 * i] & 15) for i in range(count)]
+
+
+def _decode(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+# --- the stored JPEG ------------------------------------------------------------------------
+
+
+def test_default_jpeg_is_baseline_444_and_libjpeg_turbo_decodes_it():
+    upright = photo(300, 420, seed=1)
+    stored = encode_image(encode(Image.fromarray(upright), "PNG"), max_short=256)
+    assert (stored.codec, stored.suffix, stored.color) == ("jpeg", ".jpg", COLOR_FULL_RANGE)
+    markers = _jpeg_markers(stored.data)
+    assert 0xC0 in markers and not ({0xC1, 0xC2} & set(markers))  # baseline, not progressive
+    assert _sampling(stored.data) == [(1, 1)] * 3  # 4:4:4
+    h, w, colorspace, sub = simplejpeg.decode_jpeg_header(stored.data)
+    assert (w, h, colorspace, sub) == (stored.width, stored.height, "YCbCr", "444")
+    assert (stored.width, stored.height) == (358, 256)
+    decoded = simplejpeg.decode_jpeg(stored.data)
+    assert psnr(decoded, _reference(upright, 256)) > 33
+
+
+def test_tuned_encoder_beats_libjpeg_turbo_at_equal_psnr():
+    pixels = photo(384, 512, seed=2)
+    tuned = encode_pixels(pixels, "jpeg", 70, "tuned")
+    tuned_psnr = psnr(simplejpeg.decode_jpeg(tuned.data), pixels)
+    for q in range(60, 101):
+        turbo = encode_pixels(pixels, "jpeg", q, "turbo")
+        if psnr(simplejpeg.decode_jpeg(turbo.data), pixels) >= tuned_psnr:
+            break
+    assert len(tuned.data) < 0.97 * len(turbo.data), (len(tuned.data), len(turbo.data), q)
+
+
+def test_quality_table_follows_libjpeg_scaling():
+    assert quality_table(50)[:3] == [16, 16, 16]
+    assert quality_table(100) == [1] * 64
+    assert max(quality_table(1)) == 255  # baseline tables stay 8-bit
+    assert quality_table(70)[-1] == round(418 * 0.6)
+
+
+def test_gray_source_is_stored_as_gray_jpeg():
+    gray = photo(200, 260, seed=3)[..., 1]
+    stored = encode_image(encode(Image.fromarray(gray, "L"), "PNG"), max_short=0)
+    assert stored.color == COLOR_FULL_RANGE | COLOR_GRAY
+    assert simplejpeg.decode_jpeg_header(stored.data)[2] == "Gray"
+    decoded = simplejpeg.decode_jpeg(stored.data, colorspace="GRAY")[..., 0]
+    assert psnr(decoded, gray) > 35
+
+
+# --- odd inputs -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("backend", ["native", "pillow"])
+def test_exif_orientation_is_applied(orientation, backend):
+    upright = photo(160, 240, seed=4)
+    data = oriented_jpeg(upright, orientation)
+    stored = encode_image(data, max_short=0, quality=95, backend=backend)
+    assert (stored.width, stored.height) == (240, 160)
+    assert (stored.source_width, stored.source_height) == (240, 160)
+    assert psnr(_decode(stored.data), upright) > 35
+
+
+def test_exif_orientation_with_dct_scaled_decode():
+    upright = photo(400, 640, seed=5)
+    data = oriented_jpeg(upright, 6)
+    native = encode_image(data, max_short=128, quality=95)
+    pillow = encode_image(data, max_short=128, quality=95, backend="pillow")
+    assert (native.width, native.height) == (205, 128)
+    assert psnr(_decode(native.data), _reference(upright, 128)) > 30
+    assert psnr(_decode(native.data), _decode(pillow.data)) > 38
+
+
+def test_alpha_is_composited_onto_white():
+    rgb = photo(120, 150, seed=6)
+    alpha = np.zeros((120, 150), np.uint8)
+    alpha[:, 75:] = 255
+    alpha[:60, :75] = 128
+    rgba = np.dstack([rgb, alpha])
+    stored = encode_image(encode(Image.fromarray(rgba, "RGBA"), "PNG"), max_short=0, quality=95)
+    a = alpha[..., None].astype(np.float64) / 255
+    expected = np.round(rgb * a + 255 * (1 - a)).astype(np.uint8)
+    decoded = _decode(stored.data)
+    assert psnr(decoded, expected) > 35
+    assert decoded[100:, :60].min() > 240  # fully transparent: white
+
+
+def test_palette_with_transparency():
+    rgb = photo(100, 140, seed=7)
+    pal = Image.fromarray(rgb).quantize(16)
+    pal.info["transparency"] = 0
+    data = encode(pal, "PNG", transparency=0)
+    stored = encode_image(data, max_short=0, quality=95)
+    expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGBA"))
+    a = expected[..., 3:].astype(np.float64) / 255
+    expected = np.round(expected[..., :3] * a + 255 * (1 - a)).astype(np.uint8)
+    assert psnr(_decode(stored.data), expected) > 33
+
+
+def test_cmyk_jpeg():
+    rgb = photo(100, 130, seed=8)
+    cmyk = Image.fromarray(rgb).convert("CMYK")
+    data = encode(cmyk, "JPEG", quality=95)
+    stored = encode_image(data, max_short=0, quality=95)
+    expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    assert stored.color == COLOR_FULL_RANGE
+    assert psnr(_decode(stored.data), expected) > 35
+    assert psnr(_decode(stored.data), rgb) > 28
+
+
+def test_sixteen_bit_gray_png_is_scaled_not_clipped():
+    gray8 = photo(90, 110, seed=9)[..., 0]
+    gray16 = gray8.astype(np.uint16) * 257
+    data = encode(Image.fromarray(gray16), "PNG")
+    assert Image.open(io.BytesIO(data)).mode.startswith("I")
+    stored = encode_image(data, max_short=0, quality=95)
+    assert stored.color & COLOR_GRAY
+    assert psnr(simplejpeg.decode_jpeg(stored.data, colorspace="GRAY")[..., 0], gray8) > 35
+
+
+def test_sixteen_bit_rgb_tiff_through_ffmpeg():
+    import av
+
+    rgb8 = photo(64, 80, seed=10)
+    rgb16 = rgb8.astype(np.uint16) * 257
+    out = io.BytesIO()
+    with av.open(out, "w", format="image2pipe") as container:
+        stream = container.add_stream("tiff")
+        stream.width, stream.height, stream.pix_fmt = 80, 64, "rgb48le"
+        for packet in stream.encode(av.VideoFrame.from_ndarray(rgb16, format="rgb48le")):
+            container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    stored = encode_image(out.getvalue(), max_short=0, quality=95)
+    assert psnr(_decode(stored.data), rgb8) > 35
+
+
+@pytest.mark.parametrize("backend", ["native", "pillow"])
+def test_truncated_and_garbage_inputs_are_skipped(backend):
+    good = encode(Image.fromarray(photo(200, 200, seed=11)), "JPEG", quality=90)
+    for data, reason in ((good[: len(good) // 2], "corrupt"), (b"not an image", "corrupt"),
+                         (b"", "empty")):  # fmt: skip
+        with pytest.raises(ImageSkip) as err:
+            encode_image(data, backend=backend)
+        assert err.value.reason == reason
+
+
+def test_short_side_capped_never_upscaled_and_min_short():
+    big = encode(Image.fromarray(photo(600, 900, seed=12)), "PNG")
+    small = encode(Image.fromarray(photo(300, 500, seed=13)), "PNG")
+    capped = encode_image(big, max_short=512)
+    assert (capped.width, capped.height, capped.source_width) == (768, 512, 900)
+    kept = encode_image(small, max_short=512)
+    assert (kept.width, kept.height) == (500, 300)
+    with pytest.raises(ImageSkip) as err:
+        encode_image(small, min_short=384)
+    assert err.value.reason == "too small" and "500x300" in str(err.value)
+
+
+# --- other storage codecs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "codec, index_codec, suffix, floor",
+    [("avif", "av1", ".obu", 33), ("webp", "webp", ".webp", 33), ("jxl", "jxl", ".jxl", 33)],
+)
+def test_other_storage_codecs_round_trip(codec, index_codec, suffix, floor):
+    pixels = photo(130, 170, seed=14)
+    if codec == "jxl":
+        pytest.importorskip("pillow_jxl")
+    stored = encode_pixels(pixels, codec, 80)
+    assert (stored.codec, stored.suffix) == (index_codec, suffix)
+    if codec == "avif":
+        import av
+
+        decoder = av.CodecContext.create("libdav1d", "r")
+        frames = decoder.decode(av.Packet(stored.data)) + decoder.decode(None)
+        frame = frames[0]
+        assert (frame.width, frame.height, frame.format.name) == (170, 130, "yuv420p")
+        decoded = frame.reformat(
+            format="rgb24", src_colorspace="ITU601", src_color_range="JPEG", dst_color_range="JPEG"
+        ).to_ndarray()
+    else:
+        decoded = _decode(stored.data)
+    assert psnr(decoded, pixels) > floor
+
+
+def test_unknown_codec_and_encoder_are_refused():
+    with pytest.raises(ValueError, match="codec"):
+        encode_image(b"x", codec="bmp")
+    with pytest.raises(ValueError, match="encoder"):
+        encode_image(b"x", jpeg_encoder="mozjpeg")
+
+
+# --- shards, sources, manifest ----------------------------------------------------------------
+
+
+def _sources(tmp_path):
+    """One of each source kind, with captions and json sidecars; returns (paths, expected)."""
+    expected = {}  # key -> (upright pixels, caption, json text)
+    folder = tmp_path / "folder"
+    (folder / "sub").mkdir(parents=True)
+    for i, name in enumerate(["a", "sub/b"]):
+        px = photo(400 + 10 * i, 500, seed=20 + i)
+        Image.fromarray(px).save(folder / f"{name}.png")
+        (folder / f"{name}.txt").write_text(f"caption {name}\n")
+        (folder / f"{name}.json").write_text(json.dumps({"n": i}))
+        expected[name] = (px, f"caption {name}", json.dumps({"n": i}))
+    tar_members = {}
+    for i in range(2):
+        px = photo(420, 480, seed=30 + i)
+        key = f"{i:06d}"
+        tar_members[f"{key}.jpg"] = encode(Image.fromarray(px), "JPEG", quality=95, subsampling=0)
+        tar_members[f"{key}.txt"] = f"tar caption {i}".encode()
+        expected[key] = (px, f"tar caption {i}", None)
+    write_tar(str(tmp_path / "wds.tar"), tar_members)
+    for deflate in (False, True):
+        px = photo(390, 410, seed=40 + deflate)
+        key = f"zipped{int(deflate)}"
+        write_zip(
+            str(tmp_path / f"{key}.zip"),
+            {f"{key}.webp": encode(Image.fromarray(px), "WEBP", lossless=True),
+             f"{key}.json": b'{"z": 1}'},
+            deflate=deflate,
+        )  # fmt: skip
+        expected[key] = (px, None, '{"z": 1}')
+    single = photo(500, 400, seed=50)
+    Image.fromarray(single).save(tmp_path / "single.bmp")
+    (tmp_path / "single.txt").write_text("single")
+    expected["single"] = (single, "single", None)
+    paths = [str(folder), str(tmp_path / "wds.tar"), str(tmp_path / "zipped0.zip"),
+             str(tmp_path / "zipped1.zip"), str(tmp_path / "single.bmp")]  # fmt: skip
+    return paths, expected
+
+
+def test_write_images_every_source_kind(tmp_path):
+    paths, expected = _sources(tmp_path)
+    out = tmp_path / "out"
+    summary = write_images(out, paths, per_shard=3, workers=2, max_short=384, progress=False)
+    assert summary.images == len(expected) and summary.skipped == 0
+    assert [os.path.basename(p) for p in summary.shards] == [f"shard_0000{i}.zip" for i in range(3)]
+    assert sorted(os.listdir(out)) == sorted(
+        ["encoding.json", "manifest.parquet", "skipped.jsonl"]
+        + [os.path.basename(p) for p in summary.shards]
+    )
+    rows = pq.read_table(out / "manifest.parquet").to_pylist()
+    assert [r["key"] for r in rows] == ["a", "sub/b", "000000", "000001", "zipped0", "zipped1",
+                                        "single"]  # fmt: skip
+    for row in rows:
+        px, caption, meta = expected[row["key"]]
+        assert (row["caption"], row["json"]) == (caption, meta)
+        assert (row["source_width"], row["source_height"]) == (px.shape[1], px.shape[0])
+        shard = out / row["shard"]
+        records = map_image_index(shard)
+        record = records[row["index"]]
+        with zipfile.ZipFile(shard) as z:
+            data = z.read(row["member"])
+        assert row["stored_size"] == record["size"] == len(data)
+        assert (row["width"], row["height"]) == (record["width"], record["height"])
+        assert min(row["width"], row["height"]) == 384
+        decoded = simplejpeg.decode_jpeg(data)
+        assert psnr(decoded, _reference(px, 384)) > 33, row["key"]
+    encoding = json.loads((out / "encoding.json").read_text())
+    assert encoding["codec"] == "jpeg" and encoding["quality"] == 70
+    assert encoding["images"] == len(expected)
+
+
+def test_index_matches_the_zip_listing(tmp_path):
+    paths, _ = _sources(tmp_path)
+    summary = write_images(tmp_path / "out", paths, per_shard=4, progress=False, max_short=400)
+    for shard in summary.shards:
+        listing = list_zip(shard)
+        assert listing[-1].name == INDEX_MEMBER
+        records = map_image_index(shard)
+        assert isinstance(records, np.memmap) or isinstance(records.base, np.memmap)
+        images = listing[:-1]
+        assert len(records) == len(images)
+        assert records["offset"].tolist() == [m.offset for m in images]
+        assert records["size"].tolist() == [m.size for m in images]
+        assert member_names(shard, records) == [m.name for m in images]
+        assert set(records["codec"].tolist()) == {IMAGE_CODECS.index("jpeg")}
+        with open(shard, "rb") as f:
+            for rec in records:
+                f.seek(int(rec["offset"]))
+                h, w, _, _ = simplejpeg.decode_jpeg_header(f.read(int(rec["size"])))
+                assert (w, h) == (rec["width"], rec["height"])
+
+
+def test_skipped_images_and_min_short(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    Image.fromarray(photo(400, 500, seed=60)).save(src / "ok.png")
+    Image.fromarray(photo(200, 500, seed=61)).save(src / "small.png")
+    good = encode(Image.fromarray(photo(400, 400, seed=62)), "JPEG")
+    (src / "broken.jpg").write_bytes(good[: len(good) // 3])
+    summary = write_images(tmp_path / "out", [src], progress=False)
+    assert (summary.images, summary.skipped) == (1, 2)
+    lines = [json.loads(x) for x in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
+    assert {(x["key"], x["reason"]) for x in lines} == {("broken", "corrupt"),
+                                                        ("small", "too small")}  # fmt: skip
+    keep_all = write_images(tmp_path / "all", [src], min_short=0, progress=False)
+    assert (keep_all.images, keep_all.skipped) == (2, 1)
+
+
+def test_write_images_other_codec_and_pillow_backend(tmp_path):
+    paths, _expected = _sources(tmp_path)
+    summary = write_images(tmp_path / "out", paths[:2], codec="webp", backend="pillow",
+                           per_shard=100, max_short=256, progress=False)  # fmt: skip
+    records = map_image_index(summary.shards[0])
+    assert set(records["codec"].tolist()) == {IMAGE_CODECS.index("webp")}
+    assert all(n.endswith(".webp") for n in member_names(summary.shards[0], records))
+
+
+def test_pack_images_is_atomic_and_names_are_unique(tmp_path):
+    image = encode_image(encode(Image.fromarray(photo(64, 64)), "PNG"), max_short=0)
+    path = tmp_path / "shard.zip"
+    names = pack_images(path, [("x", image), ("x", image), ("__index__", image)])
+    assert names == ["x.jpg", "x_1.jpg", "__index__.jpg"]
+
+    def failing():
+        yield "y", image
+        raise RuntimeError("encoder died")
+
+    with pytest.raises(RuntimeError):
+        pack_images(tmp_path / "broken.zip", failing())
+    assert sorted(os.listdir(tmp_path)) == ["shard.zip"]
+
+
+def test_missing_source_fails_before_writing(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        write_images(tmp_path / "out", [tmp_path / "nope"], progress=False)
+    assert not (tmp_path / "out" / "manifest.parquet").exists()
+
+
+def test_cli(tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    Image.fromarray(photo(100, 120, seed=70)).save(src / "p.png")
+    code = cli_main([str(tmp_path / "out"), str(src), "--min-short", "0", "--quality", "80",
+                     "--jpeg-encoder", "turbo", "--workers", "1", "--no-progress"])  # fmt: skip
+    assert code == 0
+    assert "1 images in 1 shards" in capsys.readouterr().err
+    records = map_image_index(tmp_path / "out" / "shard_00000.zip")
+    assert (records["width"][0], records["height"][0]) == (120, 100)
+    assert cli_main([str(tmp_path / "o2"), str(tmp_path / "missing")]) == 2
