@@ -46,9 +46,35 @@ def _write_demo(args: argparse.Namespace, root: str) -> WriteResult:
     return result
 
 
+def _read_demo(args: argparse.Namespace, shards: list[str]) -> None:
+    """Read batches of random clips from the shards and report the rate."""
+    from kohakuclip.read.reader import Reader
+
+    threads = args.threads or os.cpu_count() or 1
+    with Reader(shards, size=args.size, threads=threads, hflip=0.5, seed=0) as reader:
+        reader.read(reader.sample(args.batch, 8, fps=6.0, seed=0))  # warm-up
+        started = time.perf_counter()
+        pending = []
+        for i in range(args.batches):
+            pending.append(reader.submit(reader.sample(args.batch, 8, fps=6.0, seed=i + 1)))
+            if len(pending) > 2:
+                pending.pop(0).result()
+        for p in pending:
+            batch = p.result()
+        elapsed = time.perf_counter() - started
+        stats = reader.stats()
+    clips = args.batches * args.batch
+    print(
+        f"read {args.batches} batches of {args.batch} clips (8 frames @ 6 fps, "
+        f"{args.size}x{args.size} rgb, shape {tuple(batch.video.shape)}) with {threads} threads: "
+        f"{clips / elapsed:.1f} clips/s, {stats['decoded_per_output']:.2f} frames decoded "
+        f"per output frame"
+    )
+
+
 def _demo_in(args: argparse.Namespace, root: str) -> int:
     result = _write_demo(args, root)
-    # Reading the shards back (batches of clips, clips/s) goes here, while ``root`` exists.
+    _read_demo(args, [os.path.join(root, "shards", s) for s in result.shards])
     return 0 if result.videos == args.videos else 1
 
 
@@ -69,6 +95,10 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--codec", choices=("av1", "h264", "hevc"), default="av1")
     d.add_argument("--workers", type=int, default=None, help="encoder threads (default: CPUs)")
     d.add_argument("--out", default=None, help="keep the files here (default: a temporary folder)")
+    d.add_argument("--threads", type=int, default=None, help="decode threads (default: CPUs)")
+    d.add_argument("--batch", type=int, default=16, help="clips per batch (default: 16)")
+    d.add_argument("--batches", type=int, default=20, help="batches to read (default: 20)")
+    d.add_argument("--size", type=int, default=256, help="output size (default: 256)")
     d.set_defaults(run=demo)
     return p
 

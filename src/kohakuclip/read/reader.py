@@ -15,6 +15,7 @@ from kohakuclip.decode.video import ClipDecoder
 from kohakuclip.read.plan import Skip, plan_clip
 from kohakuclip.read.pool import Pending, ThreadPool
 from kohakuclip.read.sample import clip
+from kohakuclip.read.seeding import generator
 from kohakuclip.storage.catalog import Catalog
 from kohakuclip.storage.files import FileCache
 
@@ -262,7 +263,7 @@ class Reader:
     ) -> None:
         vid, frames = batch.items[i]
         track = self._catalog.track(vid)
-        rng = np.random.default_rng((seed, i))
+        rng = generator(seed, i)
         crop: Crop = square_crop(track.width, track.height, rng if self.crop == "random" else None)
         hflip = bool(rng.random() < self.hflip)
         vflip = bool(rng.random() < self.vflip)
