@@ -16,6 +16,9 @@ import numpy as np
 INDEX_MEMBER = "__index__.bin"
 """Name of the index member inside a shard (zip or tar)."""
 
+MANIFEST_FILE = "manifest.parquet"
+"""Beside the shards: one row per video or image (shard, member, sizes, caption, label, json)."""
+
 VIDEO_INDEX_MAGIC = b"KCIDX1\0\0"
 IMAGE_INDEX_MAGIC = b"KCIMG1\0\0"
 

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kohakuclip.write.images import MANIFEST
+from kohakuclip.formats import MANIFEST_FILE
 
 _COLUMNS = ["shard", "index", "key", "caption", "json"]
 
@@ -41,7 +41,7 @@ class ImageManifest:
     def _table(self, directory: str) -> _Table | None:
         with self._lock:
             if directory not in self._tables:
-                path = os.path.join(directory, MANIFEST)
+                path = os.path.join(directory, MANIFEST_FILE)
                 self._tables[directory] = _Table(path) if os.path.isfile(path) else None
             return self._tables[directory]
 

@@ -10,13 +10,14 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from kohakuclip.decode.image import ImageDecoder
 from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, frame_planes, square_crop
 from kohakuclip.decode.video import ClipDecoder
-from kohakuclip.read.plan import Skip, plan_clip
+from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
 from kohakuclip.read.pool import Pending, ThreadPool
 from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator
-from kohakuclip.storage.catalog import Catalog
+from kohakuclip.storage.catalog import Catalog, VideoTrack
 from kohakuclip.storage.files import FileCache
 
 CropMode = Literal["random", "center"]
@@ -61,12 +62,23 @@ class _Worker:
     def __init__(self, size: int, mode: OutputMode, window: int) -> None:
         self.decoder = ClipDecoder()
         self.pixels = PixelWriter(size, mode, window)
+        self.size, self.mode, self.window = size, mode, window
+        self._jpeg: ImageDecoder | None = None
+
+    @property
+    def jpeg(self) -> ImageDecoder:
+        """JPEG frames (GulpIO sources) go through the image reader's decoder."""
+        if self._jpeg is None:
+            self._jpeg = ImageDecoder(self.size, self.mode, self.window)
+        return self._jpeg
 
 
 class Reader:
     """Reads batches of clips (display-order frame indices) from zip / tar shards and folders.
 
-    ``sources``: shard archives (with or without an index) and folder trees of mp4 files.
+    ``sources``: shard archives (with or without an index), folder trees of mp4 files and GulpIO
+    directories (their JPEG frames read one by one; ``gulp_fps`` overrides the frame rate their
+    meta records, unknown rates read as 0: clips then step one frame at a time).
     Each clip is cropped to the short-side square (random or centred), resized to ``size``,
     optionally flipped, and written into one uint8 batch. Decoding runs on ``threads`` threads.
     ``skip``: ``True`` decodes only what the wanted frames need (for AV1 shards with a dependency
@@ -94,6 +106,7 @@ class Reader:
         open_files: int = 4096,
         moov_cache: int = 4096,
         window: int | None = None,
+        gulp_fps: float | None = None,
     ) -> None:
         if mode not in get_args(OutputMode):
             raise ValueError(f"mode must be one of {get_args(OutputMode)}, got {mode!r}")
@@ -111,7 +124,9 @@ class Reader:
         paths = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
         self.size, self.mode, self.threads = size, mode, threads
         self.crop, self.hflip, self.vflip, self.skip = crop, hflip, vflip, skip
-        self._catalog = Catalog([os.fspath(p) for p in paths], use_index, moov_cache, open_files)
+        self._catalog = Catalog(
+            [os.fspath(p) for p in paths], use_index, moov_cache, open_files, gulp_fps
+        )
         self.window = window if window is not None else self._catalog.max_short_side(512)
         if self.window % 2:
             raise ValueError(f"window must be even, got {self.window}")
@@ -134,7 +149,7 @@ class Reader:
     def info(self, vid: int) -> VideoInfo:
         """Frame count, fps, stored size, codec, colorspace, source and member of one video."""
         self._check_vid(vid)
-        return VideoInfo(**self._catalog.info(vid))
+        return VideoInfo(**self._catalog.info(vid), meta=self._catalog.meta(vid))
 
     def _check_vid(self, vid: int) -> None:
         if not isinstance(vid, (int, np.integer)) or not 0 <= vid < len(self._catalog):
@@ -273,6 +288,10 @@ class Reader:
         batch.flips[i] = (hflip, vflip)
         batch.colorspaces[i] = track.colorspace
         batch.full_range[i] = track.full_range
+        if track.codec == "jpeg":
+            self._read_jpeg_clip(worker, track, batch.video[i], frames, crop, hflip, vflip, files)
+            self._count(len(frames), len(set(frames)), len(set(frames)), 0)
+            return
         plan = plan_clip(track, frames, self.skip)
         out = batch.video[i]
         written: dict[int, int] = {}
@@ -295,13 +314,42 @@ class Reader:
         missing = [d for d in plan.targets if d not in written]
         if missing:
             raise ClipError(f"decoder produced no frame for display index {missing[0]}")
+        self._count(len(frames), plan.decoded, plan.packets, plan.bytes_read)
+
+    def _read_jpeg_clip(
+        self,
+        worker: _Worker,
+        track: VideoTrack,
+        out: np.ndarray,
+        frames: list[int],
+        crop: Crop,
+        hflip: bool,
+        vflip: bool,
+        files: FileCache,
+    ) -> None:
+        """Every frame is a JPEG: one read and one decode per distinct wanted frame."""
+        first: dict[int, int] = {}
+        with files.open(track.path) as fd:
+            for t, f in enumerate(frames):
+                if not 0 <= f < track.n:
+                    raise FrameRangeError(f"frame {f} out of range (video has {track.n} frames)")
+                if f in first:
+                    out[t] = out[first[f]]
+                    continue
+                data = os.pread(fd, int(track.sizes[f]), int(track.offsets[f]))
+                worker.jpeg.write(
+                    data, "jpeg", 0, track.width, track.height, crop, hflip, vflip, True, out[t]
+                )
+                first[f] = t
+
+    def _count(self, frames_out: int, decoded: int, packets: int, bytes_read: int) -> None:
         with self._stats_lock:
             s = self._stats
             s["clips"] += 1
-            s["frames_out"] += len(frames)
-            s["frames_decoded"] += plan.decoded
-            s["packets"] += plan.packets
-            s["bytes_read"] += plan.bytes_read
+            s["frames_out"] += frames_out
+            s["frames_decoded"] += decoded
+            s["packets"] += packets
+            s["bytes_read"] += bytes_read
 
     def stats(self) -> dict[str, float]:
         """Counters since creation; ``decoded_per_output`` is frames decoded per output frame."""

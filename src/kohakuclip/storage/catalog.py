@@ -1,8 +1,9 @@
 """The videos of a set of sources, and each video's frame table, resolved on first use.
 
-Sources are zip or tar shards (with or without a KCIDX1 index member) and folder trees of mp4
-files. Opening a source reads at most its index header; per-frame tables come from the memory-
-mapped index, or from parsing the mp4's moov box the first time the video is read (cached).
+Sources are zip or tar shards (with or without a KCIDX1 index member), folder trees of mp4
+files, and GulpIO directories (every frame a JPEG: codec "jpeg", every frame a keyframe).
+Opening a source reads at most its index header; a video's frame table comes from its index rows
+(one pread), or from parsing the mp4's moov box, the first time the video is read (cached).
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from kohakuclip.formats import (
     VIDEO_INDEX_MAGIC,
     VideoEntry,
 )
+from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.index import IndexFormatError, decode_index, video_entries
+from kohakuclip.storage.manifest import VideoManifests
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
 
@@ -86,12 +89,13 @@ class VideoTrack:
 @dataclass
 class _Source:
     path: str
-    kind: str  # "zip" | "tar" | "folder"
+    kind: str  # "zip" | "tar" | "folder" | "gulp"
     index_member: Member | None = None
     members: dict[str, Member] | None = None  # filled lazily for archives
     records_start: int = 0  # absolute offset of the first index record
     deps_start: int = -1  # absolute offset of the AV1 dependency table (-1: none)
     deps: dict[str, tuple[int, int]] | None = None  # member -> (first record offset, records)
+    gulp: GulpIndex | None = None
 
 
 class Catalog:
@@ -103,7 +107,10 @@ class Catalog:
         use_index: bool = True,
         cache_size: int = 4096,
         open_files: int = 4096,
+        gulp_fps: float | None = None,
     ) -> None:
+        self._gulp_fps = gulp_fps
+        self._manifests = VideoManifests()
         self._open_files = open_files
         self._pid = os.getpid()
         self.files = FileCache(open_files)
@@ -118,6 +125,15 @@ class Catalog:
 
     # -- opening -----------------------------------------------------------------------------
     def _add_source(self, path: str) -> None:
+        if os.path.isdir(path) and any(n.endswith(".gmeta") for n in os.listdir(path)):
+            sid = len(self.sources)
+            try:
+                gulp = open_gulp_source(path)
+            except ValueError as e:
+                raise SourceError(str(e)) from None
+            self.sources.append(_Source(path, "gulp", gulp=gulp))
+            self.videos.extend(VideoRef(sid, str(id_)) for id_ in gulp.ids)
+            return
         if os.path.isdir(path):
             from kohakuclip.storage.folder import list_folder
 
@@ -272,7 +288,29 @@ class Catalog:
         src = self.sources[ref.source]
         if ref.entry is not None:
             return self._from_index(src, ref.entry)
+        if src.gulp is not None:
+            return self._from_gulp(src.gulp, src.gulp.position(ref.member))
         return self._from_moov(vid)
+
+    def _from_gulp(self, gulp: GulpIndex, video: int) -> VideoTrack:
+        path, offsets, sizes = gulp.frames(video)
+        height, width = gulp.frame_size(video)
+        n = len(sizes)
+        return VideoTrack(
+            codec="jpeg",
+            width=width,
+            height=height,
+            fps=self._gulp_fps or gulp.fps(video) or 0.0,
+            colorspace="bt601",
+            full_range=True,
+            prefix=b"",
+            nal_length_size=0,
+            path=path,
+            offsets=np.asarray(offsets, np.uint64),
+            sizes=np.asarray(sizes, np.uint32),
+            keep=np.asarray(sizes, np.uint32),
+            keyframe=np.ones(n, bool),
+        )
 
     def _member_location(self, vid: int) -> tuple[str, int, int]:
         ref = self.videos[vid]
@@ -377,6 +415,16 @@ class Catalog:
         with self._lock:
             track = self._tracks.get(vid)
         return track.codec if track is not None else ""
+
+    def meta(self, vid: int) -> dict[str, Any]:
+        """Metadata recorded at write time: the manifest beside a shard, a gulp's meta_data."""
+        ref = self.videos[vid]
+        src = self.sources[ref.source]
+        if src.gulp is not None:
+            return dict(src.gulp.meta(src.gulp.position(ref.member)))
+        if src.kind in ("zip", "tar"):
+            return self._manifests.lookup(src.path, ref.member)
+        return {}
 
     def info(self, vid: int) -> dict[str, Any]:
         """Per-video facts: from the index header without touching the frame table when possible."""

@@ -22,14 +22,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from kohakuclip.formats import IMAGE_CODECS, INDEX_MEMBER
+from kohakuclip.formats import IMAGE_CODECS, INDEX_MEMBER, MANIFEST_FILE
 from kohakuclip.storage.image_index import encode_image_index, image_records
 from kohakuclip.storage.zip import ZipWriter
 from kohakuclip.write.image_codecs import Encoded, check_codec, encode_pixels
 from kohakuclip.write.image_prepare import Backend, ImageSkip, prepare
 from kohakuclip.write.image_sources import SourceImage, iter_sources
 
-MANIFEST = "manifest.parquet"
 SKIPPED = "skipped.jsonl"
 ENCODING = "encoding.json"
 SHARD_PATTERN = "shard_{:05d}.zip"
@@ -257,7 +256,7 @@ def write_images(
     os.makedirs(out, exist_ok=True)
     summary = WriteSummary(out)
     items = iter_sources(list(sources))
-    manifest_tmp = os.path.join(out, MANIFEST + _PARTIAL)
+    manifest_tmp = os.path.join(out, MANIFEST_FILE + _PARTIAL)
     manifest = pq.ParquetWriter(manifest_tmp, _MANIFEST_SCHEMA)
     skipped_tmp = os.path.join(out, SKIPPED + _PARTIAL)
     shard: _ShardWriter | None = None
@@ -297,7 +296,7 @@ def write_images(
             shard.abort()
         manifest.close()
         raise
-    os.replace(manifest_tmp, os.path.join(out, MANIFEST))
+    os.replace(manifest_tmp, os.path.join(out, MANIFEST_FILE))
     os.replace(skipped_tmp, os.path.join(out, SKIPPED))
     with open(os.path.join(out, ENCODING), "w", encoding="utf-8") as f:
         json.dump(_encoding_record(settings, summary), f, indent=2)

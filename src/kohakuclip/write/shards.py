@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from kohakuclip.formats import VideoEntry
+from kohakuclip.formats import MANIFEST_FILE, VideoEntry
 from kohakuclip.write.pack import TEMP_SUFFIX, Container, PackError, ShardWriter
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.sources import Source, expand_sources
@@ -38,7 +38,6 @@ Backend = Literal["native", "ffmpeg"]
 Encoder = Callable[[str | bytes, EncodeSettings, str], EncodedVideo]
 
 SETTINGS_FILE = "encoding.json"
-MANIFEST_FILE = "manifest.parquet"
 SKIPPED_FILE = "skipped.jsonl"
 PARTS_DIR = ".manifest-parts"
 """Per-shard manifest rows of an unfinished run; merged into manifest.parquet at the end."""

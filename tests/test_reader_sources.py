@@ -1,0 +1,98 @@
+"""Reader sources beyond mp4 shards: GulpIO directories, and metadata from shard manifests."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from media import VideoSpec, frame_rgb, make_video, psnr
+from PIL import Image
+
+from kohakuclip import ClipError, Reader
+from kohakuclip.gulp import GulpDirectory
+from kohakuclip.gulp.chunk import ChunkBuilder
+from kohakuclip.write.shards import write
+
+
+@pytest.fixture(scope="module")
+def gulp_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = str(tmp_path_factory.mktemp("gulp"))
+    for chunk in range(2):
+        with ChunkBuilder(
+            os.path.join(root, f"data_{chunk}.gulp"), os.path.join(root, f"meta_{chunk}.gmeta")
+        ) as builder:
+            for k in range(2):
+                spec = VideoSpec(width=120, height=90, seed=chunk * 2 + k, blur=1.5)
+                frames = [frame_rgb(spec, i) for i in range(10 + 3 * k)]
+                meta = {"label": f"class {k}", "fps": 12}
+                if chunk == 1 and k == 1:
+                    meta = {"label": "no fps"}
+                builder.add(f"vid{chunk}{k}", meta, frames)
+    return root
+
+
+def _reference(frames: list[np.ndarray], crop: np.ndarray, flips: np.ndarray, size: int):
+    x, y, w, h = (int(v) for v in crop)
+    out = []
+    for f in frames:
+        window = Image.fromarray(f[y : y + h, x : x + w])
+        img = np.asarray(window.resize((size, size), Image.BILINEAR)).transpose(2, 0, 1)
+        if flips[0]:
+            img = img[:, :, ::-1]
+        if flips[1]:
+            img = img[:, ::-1]
+        out.append(img)
+    return np.stack(out)
+
+
+def test_gulp_clips_match_gulp_directory(gulp_dir: str) -> None:
+    gd = GulpDirectory(gulp_dir)
+    with Reader(gulp_dir, size=48, threads=2, hflip=0.5, seed=1) as reader:
+        assert len(reader) == 4
+        ids = [reader.info(v).member for v in range(4)]
+        assert sorted(ids) == ["vid00", "vid01", "vid10", "vid11"]
+        items = [(v, [0, 4, 2, 4, reader.info(v).n - 1]) for v in range(4)]
+        batch = reader.read(items)
+        assert batch.video.shape == (4, 5, 3, 48, 48)
+        for i, (vid, frames) in enumerate(items):
+            stored, meta = gd[ids[vid], frames]
+            assert reader.info(vid).meta == meta
+            ref = _reference(stored, batch.crops[i], batch.flips[i], 48)
+            for t in range(len(frames)):
+                assert psnr(batch.video[i, t], ref[t]) >= 40, (ids[vid], frames[t])
+            assert np.array_equal(batch.video[i, 1], batch.video[i, 3])  # repeated frame
+
+
+def test_gulp_fps_from_meta_or_given(gulp_dir: str) -> None:
+    with Reader(gulp_dir, size=16) as reader:
+        fps = {reader.info(v).member: reader.info(v).fps for v in range(len(reader))}
+        assert fps == {"vid00": 12.0, "vid01": 12.0, "vid10": 12.0, "vid11": 0.0}
+        (item,) = reader.sample(1, 4, fps=6.0, videos=[0], seed=0)
+        assert np.all(np.diff(item[1]) == 2)  # 12 fps video, clip at 6 fps
+        with pytest.raises(ClipError, match=r"vid00.*out of range"):
+            reader.read([(0, [0, 99])])
+    with Reader(gulp_dir, size=16, gulp_fps=24.0) as reader:
+        assert {reader.info(v).fps for v in range(len(reader))} == {24.0}
+
+
+def test_gulp_yuv_modes_follow_rgb(gulp_dir: str) -> None:
+    with Reader(gulp_dir, size=32, mode="yuv_resized", seed=2) as reader:
+        batch = reader.read([(0, [1, 2])])
+    assert batch.video.shape == reader.batch_shape(1, 2)
+    assert batch.colorspaces == ["bt601"] and bool(batch.full_range[0])
+
+
+def test_shard_manifest_metadata_reaches_info(tmp_path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    make_video(VideoSpec(codec="h264", width=64, height=48, frames=8), str(src / "a.mp4"))
+    (src / "a.txt").write_text("a caption")
+    make_video(VideoSpec(codec="h264", width=64, height=48, frames=8), str(src / "b.mp4"))
+    (src / "b.json").write_text('{"label": "cat", "score": 3}')
+    result = write(str(tmp_path / "out"), [str(src)], codec="h264", progress=False)
+    shards = [str(tmp_path / "out" / s) for s in result.shards]
+    with Reader(shards, size=16) as reader:
+        metas = {reader.info(v).member: reader.info(v).meta for v in range(len(reader))}
+    assert metas["a.mp4"] == {"caption": "a caption"}
+    assert metas["b.mp4"]["label"] == "cat" and metas["b.mp4"]["score"] == 3
