@@ -44,8 +44,17 @@ def natural_video(
     tex = _texture(rng, size)
     tint = rng.uniform(0.6, 1.2, 3).astype(np.float32)
     tex = np.clip(tex * tint, 0, 255)
-    blobs = [(rng.uniform(0, width), rng.uniform(0, height), rng.uniform(-3, 3),
-              rng.uniform(-2, 2), rng.uniform(15, 45), rng.uniform(0, 255, 3)) for _ in range(4)]
+    blobs = [
+        (
+            rng.uniform(0, width),
+            rng.uniform(0, height),
+            rng.uniform(-3, 3),
+            rng.uniform(-2, 2),
+            rng.uniform(15, 45),
+            rng.uniform(0, 255, 3),
+        )
+        for _ in range(4)
+    ]
     vx, vy = rng.uniform(-2, 2, 2)
     zoom_rate = rng.uniform(-0.002, 0.002)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
@@ -56,10 +65,12 @@ def natural_video(
         for i in range(round(seconds * fps)):
             zoom = 1.0 + zoom_rate * i
             cx, cy = size / 2 + vx * i, size / 2 + vy * i
-            m = np.float32([[1 / zoom, 0, cx - width / (2 * zoom)],
-                            [0, 1 / zoom, cy - height / (2 * zoom)]])
-            frame = cv2.warpAffine(tex, m, (width, height), flags=cv2.INTER_LINEAR,
-                                   borderMode=cv2.BORDER_REFLECT)
+            m = np.float32(
+                [[1 / zoom, 0, cx - width / (2 * zoom)], [0, 1 / zoom, cy - height / (2 * zoom)]]
+            )
+            frame = cv2.warpAffine(
+                tex, m, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT
+            )
             for bx, by, bvx, bvy, r, colour in blobs:
                 px, py = (bx + bvx * i) % width, (by + bvy * i) % height
                 mask = np.clip(r - np.sqrt((xx - px) ** 2 + (yy - py) ** 2), 0, 1)[..., None]
