@@ -2,6 +2,7 @@
 
     python benchmarks/gulp_bench.py [--videos DIR] [--count 12] [--size 224] [--clip 8] [--fps 8]
         [--batch 16] [--batches 8] [--workers 0 2] [--threads 2] [--rounds 1] [--work DIR]
+        [--no-gulp-loader]
 
 Without ``--videos`` it makes ``--count`` synthetic videos (a panning texture, shapes, noise).
 Stores each set three ways: a gulp directory at native fps, a gulp directory at the clip's fps
@@ -12,7 +13,10 @@ side at ``--store`` pixels. Then reads batches of ``--batch`` clips of ``--clip`
 - gulp: ``GulpVideoDataset`` + ``ComposeVideo([Scale], [RandomCropVideo])`` + torch's DataLoader
   (``--workers`` processes each);
 - AV1: ``kohakuclip.torch.ClipDataset`` + ``ClipLoader`` (in process, ``--threads`` threads),
-  when those modules are available.
+  when those modules are available;
+- ``kohakuclip.Reader`` (in process, ``--threads`` threads, the same seeded clips) on both gulp
+  directories as they are, and on AV1 shards converted from the native-fps gulp directory by
+  ``kohakuclip.writer.write`` (what ``kohakuclip-write OUT GULP_DIR`` does).
 
 Each run reads one warm-up batch, then times ``--batches`` batches; ``--rounds`` repeats them
 all, interleaved. CPU ms/clip counts this process's threads (so only the in-process runs have it):
@@ -22,6 +26,7 @@ on a busy machine it is steadier than clips/s.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
@@ -154,6 +159,30 @@ def shard_rate(args: argparse.Namespace, shard: str) -> tuple[float, float] | No
         loader.close()
 
 
+def make_converted(args: argparse.Namespace, gulp: str) -> tuple[list[str], float]:
+    """AV1 shards written from a gulp directory (kohakuclip-write's defaults); their paths and
+    the seconds the conversion took (0 when already there)."""
+    from kohakuclip.writer import write
+
+    out = os.path.join(args.work, "av1_from_gulp")
+    seconds = 0.0
+    if not os.path.isdir(out):
+        start = time.perf_counter()
+        write(out, [gulp], max_short=args.store, progress=False)
+        seconds = time.perf_counter() - start
+    shards = sorted(os.path.join(out, n) for n in os.listdir(out) if n.startswith("shard_"))
+    return shards, seconds
+
+
+def reader_rate(args: argparse.Namespace, sources: str | list[str]) -> tuple[float, float]:
+    """(clips/s, CPU ms per clip) of ``kohakuclip.Reader``: the same seeded clips every run."""
+    from kohakuclip import Reader
+
+    with Reader(sources, size=args.size, threads=args.threads, seed=0) as reader:
+        clips = (reader.sample(args.batch, args.clip, fps=args.fps) for _ in itertools.count())
+        return time_batches(map(reader.read, clips), args.batches, args.batch)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--videos", help="folder of videos (default: synthetic ones)")
@@ -169,6 +198,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1, help="repeat every run, interleaved")
     parser.add_argument("--work", default="/tmp/gulp_bench")
+    parser.add_argument(
+        "--no-gulp-loader",
+        dest="gulp_loader",
+        action="store_false",
+        help="skip the GulpVideoDataset + DataLoader and ClipDataset rows (Reader rows only)",
+    )
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
     torch_threads = os.environ.get("OMP_NUM_THREADS")
@@ -181,18 +216,29 @@ def main() -> None:
         "gulp, native fps": (make_gulp(args, folder, names, 0), max(1, round(native / args.fps))),
         f"gulp, {args.fps:g} fps": (make_gulp(args, folder, names, args.fps), 1),
     }
-    shard = make_shard(args, folder, names)
+    shard = make_shard(args, folder, names) if args.gulp_loader else None
+    native_gulp = stores["gulp, native fps"][0]
+    converted, convert_seconds = make_converted(args, native_gulp)
+    if convert_seconds:
+        print(f"kohakuclip-write converted the native-fps gulp in {convert_seconds:.1f} s")
+    converted_bytes = sum(os.path.getsize(p) for p in converted)
 
     rows = []
     source_bytes = sum(os.path.getsize(os.path.join(folder, n)) for n in names)
     for _ in range(args.rounds):  # interleaved rounds: load from elsewhere hits every row alike
         for label, (path, step) in stores.items():
-            for workers in args.workers:
+            for workers in args.workers if args.gulp_loader else []:
                 rate, cpu = gulp_rate(args, path, step, workers)
                 cpu_text = f"{cpu:.1f}" if workers == 0 else "-"
                 rows.append(
                     (f"{label}, DataLoader {workers} workers", folder_bytes(path), rate, cpu_text)
                 )
+            rate, cpu = reader_rate(args, path)
+            rows.append((f"{label}, Reader {args.threads} threads", folder_bytes(path), rate,
+                         f"{cpu:.1f}"))  # fmt: skip
+        rate, cpu = reader_rate(args, converted)
+        label = f"AV1 shards from the gulp, Reader {args.threads} threads"
+        rows.append((label, converted_bytes, rate, f"{cpu:.1f}"))
         if shard is not None:
             result = shard_rate(args, shard)
             if result is not None:
@@ -200,9 +246,9 @@ def main() -> None:
                 rows.append((label, os.path.getsize(shard), result[0], f"{result[1]:.1f}"))
     print(f"{len(names)} videos, sources {source_bytes / 1e6:.1f} MB; clips of {args.clip} @ "
           f"{args.fps:g} fps, {args.size}px crops, batches of {args.batch}")  # fmt: skip
-    print(f"{'store / loader':<48} {'MB stored':>10} {'clips/s':>9} {'CPU ms/clip':>12}")
+    print(f"{'store / loader':<56} {'MB stored':>10} {'clips/s':>9} {'CPU ms/clip':>12}")
     for label, size, rate, cpu_text in rows:
-        print(f"{label:<48} {size / 1e6:>10.2f} {rate:>9.1f} {cpu_text:>12}")
+        print(f"{label:<56} {size / 1e6:>10.2f} {rate:>9.1f} {cpu_text:>12}")
 
 
 if __name__ == "__main__":

@@ -151,3 +151,10 @@ def frame_table(meta: MetaDict, path: str) -> tuple[np.ndarray, np.ndarray]:
         owner = list(meta)[int(np.searchsorted(np.cumsum(counts), row, side="right"))]
         raise GulpError(f"{path}: id {owner!r} has a bad frame record {rows[row]}")
     return counts, table
+
+
+def is_gulp_directory(path: str) -> bool:
+    """Whether ``path`` is a directory holding gulp chunk files (what readers take it for)."""
+    if not os.path.isdir(path):
+        return False
+    return any(_DATA_NAME.match(n) or _META_NAME.match(n) for n in os.listdir(path))

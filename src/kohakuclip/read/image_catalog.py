@@ -4,7 +4,8 @@ Indexed shards (zips with a KCIMG1 index) cost only their index header to open; 
 memory-mapped once per process and read record by record, so a catalog over tens of millions of
 images holds no per-image Python objects. Plain sources (zips with stored or deflated members,
 tars, folder trees) are listed once; their images' sizes and codecs come from the bytes when an
-image is read or ``info`` asks.
+image is read or ``info`` asks. A GulpIO directory gives one image per stored frame (image gulps
+hold one frame per id, video gulps every frame), located through its flat ``GulpIndex``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ import os
 import threading
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from kohakuclip.formats import IMAGE_CODECS
+from kohakuclip.gulp.index import GulpIndex, open_gulp_source
+from kohakuclip.gulp.meta import is_gulp_directory
+from kohakuclip.read.image_manifest import ImageManifest
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.folder import list_folder
 from kohakuclip.storage.image_index import find_image_index, map_image_index, member_names
@@ -48,7 +53,7 @@ class ImageLocation:
 @dataclass
 class _Source:
     path: str
-    kind: str  # "indexed" | "zip" | "tar" | "folder"
+    kind: str  # "indexed" | "zip" | "tar" | "folder" | "gulp"
     count: int
     index_member: Member | None = None
     records: np.ndarray | None = None  # per process
@@ -57,6 +62,7 @@ class _Source:
     offsets: np.ndarray | None = None  # plain archives
     sizes: np.ndarray | None = None
     compressed: np.ndarray | None = None
+    gulp: GulpIndex | None = None
 
 
 class ImageCatalog:
@@ -67,8 +73,15 @@ class ImageCatalog:
         counts = np.array([s.count for s in self.sources], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self._lock = threading.Lock()
+        self._manifest: ImageManifest | None = None
 
     def _open(self, path: str, use_index: bool) -> _Source:
+        if is_gulp_directory(path):
+            try:
+                gulp = open_gulp_source(path)
+            except ValueError as e:
+                raise ImageSourceError(str(e)) from None
+            return _Source(path, "gulp", len(gulp.size), gulp=gulp)
         if os.path.isdir(path):
             names = list_folder(path, IMAGE_SUFFIXES)
             return _Source(path, "folder", len(names), names=names)
@@ -101,8 +114,9 @@ class ImageCatalog:
         return int(self._starts[-1])
 
     def after_fork(self) -> None:
-        """Forget the memory maps and lock inherited through a fork."""
+        """Forget the memory maps, locks and manifests inherited through a fork."""
         self._lock = threading.Lock()
+        self._manifest = None
         for src in self.sources:
             if src.records_pid != os.getpid():
                 src.records = None
@@ -126,9 +140,44 @@ class ImageCatalog:
         """The position of one image within its source."""
         return self._find(image_id)[1]
 
-    def member(self, image_id: int) -> str:
-        """The member name (or folder-relative path) of one image."""
+    @staticmethod
+    def _gulp_frame(gulp: GulpIndex, k: int) -> tuple[int, int]:
+        """(video, frame in that video) of the ``k``-th stored frame of a gulp directory."""
+        video = int(np.searchsorted(gulp.first, k, side="right")) - 1
+        return video, k - int(gulp.first[video])
+
+    def frame(self, image_id: int) -> int | None:
+        """The frame index of a gulp image within its video (None for other sources)."""
         src, k = self._find(image_id)
+        if src.gulp is None:
+            return None
+        return self._gulp_frame(src.gulp, k)[1]
+
+    def metadata(self, image_id: int) -> dict[str, Any]:
+        """Key, caption and meta of one image: a gulp frame's id and its video's meta_data, or
+        the row of the writer's manifest beside a shard (all None when there is none)."""
+        src, k = self._find(image_id)
+        if src.gulp is not None:
+            video, _ = self._gulp_frame(src.gulp, k)
+            meta = dict(src.gulp.meta(video))
+            caption = meta.get("caption")
+            return {
+                "key": src.gulp.ids[video],
+                "caption": caption if isinstance(caption, str) else None,
+                "meta": meta,
+            }
+        with self._lock:
+            if self._manifest is None:
+                self._manifest = ImageManifest()
+            manifest = self._manifest
+        row = manifest.lookup(src.path, k) or {}
+        return {"key": row.get("key"), "caption": row.get("caption"), "meta": row.get("meta")}
+
+    def member(self, image_id: int) -> str:
+        """The member name (or folder-relative path; gulp: the video id) of one image."""
+        src, k = self._find(image_id)
+        if src.gulp is not None:
+            return src.gulp.ids[self._gulp_frame(src.gulp, k)[0]]
         if src.kind == "indexed" and not src.names:
             with self._lock:
                 if not src.names:
@@ -136,8 +185,15 @@ class ImageCatalog:
         return src.names[k]
 
     def where(self, image_id: int) -> str:
-        src, _ = self._find(image_id)
+        """How messages name one image: source and member (gulp: data file, id and frame)."""
+        src, k = self._find(image_id)
+        if src.gulp is not None:
+            return self._gulp_where(src.gulp, k)
         return f"{src.path}:{self.member(image_id)}"
+
+    def _gulp_where(self, gulp: GulpIndex, k: int) -> str:
+        video, frame = self._gulp_frame(gulp, k)
+        return f"{gulp.data_path(video)}: id {gulp.ids[video]!r} frame {frame}"
 
     def locate(self, image_id: int) -> ImageLocation:
         """Where the bytes of one image are and what the index says about them."""
@@ -158,6 +214,19 @@ class ImageCatalog:
                 int(rec["width"]),
                 int(rec["height"]),
                 int(rec["color"]),
+            )
+        if src.gulp is not None:
+            video, _ = self._gulp_frame(src.gulp, k)
+            return ImageLocation(
+                self._gulp_where(src.gulp, k),
+                src.gulp.data_path(video),
+                int(src.gulp.offset[k]),
+                int(src.gulp.size[k]),
+                False,
+                "jpeg",
+                0,
+                0,
+                0,
             )
         where = f"{src.path}:{src.names[k]}"
         if src.kind == "folder":

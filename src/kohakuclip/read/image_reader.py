@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -33,7 +33,9 @@ class ImageInfo:
     codec: str  # formats.IMAGE_CODECS name, or "other" (decoded by Pillow)
     size: int  # bytes in the source (for a deflated zip member: compressed)
     source: str
-    member: str
+    member: str  # gulp sources: the video id
+    frame: int | None = None  # gulp sources: the frame within the video
+    meta: dict[str, Any] = field(default_factory=dict)  # caption and sidecar, or gulp meta_data
 
 
 @dataclass
@@ -55,8 +57,8 @@ class ImageBatch:
 
 
 class ImageReader:
-    """Reads batches of images from KCIMG1 shards, plain zips (stored or deflated), tars and
-    folder trees.
+    """Reads batches of images from KCIMG1 shards, plain zips (stored or deflated), tars,
+    folder trees and GulpIO directories (one image per stored frame).
 
     Each image is cropped (``crop``: "random" or "center" short-side square, or "resized":
     RandomResizedCrop with ``scale`` and ``ratio``), resized to ``size``, flipped with
@@ -126,19 +128,37 @@ class ImageReader:
         return int(image_id)
 
     def info(self, image_id: int) -> ImageInfo:
-        """Stored size, codec, bytes, source and member of one image (plain sources: read from
-        the image's header)."""
+        """Stored size, codec, bytes, source, member and metadata of one image (plain and gulp
+        sources: the size read from the image's header)."""
         image_id = self._check_id(image_id)
         loc = self._catalog.locate(image_id)
         width, height, codec = loc.width, loc.height, loc.codec
-        if not codec:
+        if not codec or not width:
             _, files = self._ensure_process()
             data = ImageCatalog.read(loc, files)
-            codec = sniff_codec(data)
+            codec = codec or sniff_codec(data)
             width, height = ImageDecoder(2, "rgb").probe(data, codec)
         size = loc.size if loc.size >= 0 else os.path.getsize(loc.path)
-        member = self._catalog.member(image_id)
-        return ImageInfo(width, height, codec, size, self._catalog.source(image_id), member)
+        record = self.metadata(image_id)
+        meta = _as_dict(record["meta"])
+        if record["caption"] is not None and "caption" not in meta:
+            meta = {"caption": record["caption"], **meta}
+        return ImageInfo(
+            width,
+            height,
+            codec,
+            size,
+            self._catalog.source(image_id),
+            self._catalog.member(image_id),
+            self._catalog.frame(image_id),
+            meta,
+        )
+
+    def metadata(self, image_id: int) -> dict[str, Any]:
+        """``key``, ``caption`` and ``meta`` of one image, None where unknown: from the
+        writer's manifest.parquet beside a shard (``meta``: the parsed json sidecar), or for a
+        gulp frame its video's id and first meta_data dict (labels, fps ...)."""
+        return self._catalog.metadata(self._check_id(image_id))
 
     def origin(self, image_id: int) -> tuple[str, int]:
         """(source path, position in that source) of one image: for an indexed shard, the
@@ -236,8 +256,8 @@ class ImageReader:
     ) -> None:
         data = ImageCatalog.read(loc, files)
         codec, width, height = loc.codec, loc.width, loc.height
-        if not codec:
-            codec = sniff_codec(data)
+        if not codec or not width:
+            codec = codec or sniff_codec(data)
             width, height = decoder.probe(data, codec)
         rng = generator(seed, i)
         crop = image_crop(self.crop, width, height, rng, self.scale, self.ratio)
@@ -266,3 +286,10 @@ class ImageReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _as_dict(meta: Any) -> dict[str, Any]:
+    """Metadata as a dict: a non-object json sidecar goes under "json"."""
+    if meta is None:
+        return {}
+    return dict(meta) if isinstance(meta, dict) else {"json": meta}

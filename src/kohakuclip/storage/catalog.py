@@ -28,6 +28,7 @@ from kohakuclip.formats import (
     VideoEntry,
 )
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
+from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.index import IndexFormatError, decode_index, video_entries
 from kohakuclip.storage.manifest import VideoManifests
@@ -125,7 +126,7 @@ class Catalog:
 
     # -- opening -----------------------------------------------------------------------------
     def _add_source(self, path: str) -> None:
-        if os.path.isdir(path) and any(n.endswith(".gmeta") for n in os.listdir(path)):
+        if os.path.isdir(path) and is_gulp_directory(path):
             sid = len(self.sources)
             try:
                 gulp = open_gulp_source(path)

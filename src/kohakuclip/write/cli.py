@@ -1,4 +1,5 @@
-"""``kohakuclip-write OUT SOURCES...``: re-encode videos into indexed shards."""
+"""``kohakuclip-write OUT SOURCES...``: re-encode videos (and GulpIO directories) into indexed
+shards."""
 
 from __future__ import annotations
 
@@ -17,11 +18,15 @@ def _preset(value: str) -> int | str:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kohakuclip-write",
-        description="Re-encode videos (files, folders, tar archives) into zip or tar shards "
-        "with a frame index, a manifest.parquet and an encoding.json.",
+        description="Re-encode videos (files, folders, tar archives, GulpIO directories) into "
+        "zip or tar shards with a frame index, a manifest.parquet and an encoding.json.",
     )
     p.add_argument("out", help="output folder")
-    p.add_argument("sources", nargs="+", help="video files, folders of videos, tar archives")
+    p.add_argument(
+        "sources",
+        nargs="+",
+        help="video files, folders of videos, tar archives, gulp directories (every id one video)",
+    )
     p.add_argument("--codec", choices=sorted(ENCODERS), default="av1", help="default: av1")
     defaults = ", ".join(f"{c} {DEFAULT_CRF[c]}" for c in ENCODERS)
     p.add_argument("--crf", type=int, default=None, help=f"quality (default: {defaults})")
@@ -56,6 +61,13 @@ def parser() -> argparse.ArgumentParser:
         help="native: PyAV in process; ffmpeg: the ffmpeg command line ($KOHAKUCLIP_FFMPEG or "
         "imageio-ffmpeg's binary)",
     )
+    p.add_argument(
+        "--gulp-fps",
+        type=float,
+        default=None,
+        help="frame rate of gulp videos (default: the fps / frame_rate of their meta_data, "
+        "else 12); gulp videos are always encoded in process",
+    )
     p.add_argument("--resume", action="store_true", help="continue an earlier run in OUT")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -79,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             backend=args.backend,
             resume=args.resume,
             progress=not args.quiet,
+            gulp_fps=args.gulp_fps,
         )
     except (WriteError, FileNotFoundError, ValueError) as e:
         print(f"kohakuclip-write: error: {e}", file=sys.stderr)

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from kohakuclip.formats import MANIFEST_FILE, VideoEntry
+from kohakuclip.write.gulp_videos import encode_gulp_video
 from kohakuclip.write.pack import TEMP_SUFFIX, Container, PackError, ShardWriter
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.sources import Source, expand_sources
@@ -67,7 +68,7 @@ MANIFEST_SCHEMA = pa.schema(
     ]
 )
 
-_RESUME_KEYS = ("settings", "container", "per_shard", "backend")
+_RESUME_KEYS = ("settings", "container", "per_shard", "backend", "gulp_fps")
 
 
 class WriteError(RuntimeError):
@@ -115,7 +116,9 @@ def _read_rows(path: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _run_config(settings: EncodeSettings, container: str, per_shard: int, backend: str) -> dict:
+def _run_config(
+    settings: EncodeSettings, container: str, per_shard: int, backend: str, gulp_fps: float | None
+) -> dict:
     from kohakuclip import __version__
 
     return {
@@ -124,6 +127,7 @@ def _run_config(settings: EncodeSettings, container: str, per_shard: int, backen
         "container": container,
         "per_shard": per_shard,
         "backend": backend,
+        "gulp_fps": gulp_fps,
         "encoder": settings.encoder,
         "encoder_options": settings.encoder_options(),
         "kohakuclip": __version__,
@@ -210,8 +214,11 @@ def _encoder(backend: Backend) -> Encoder:
 def _prepare_one(
     source: Source, settings: EncodeSettings, encoder: Encoder
 ) -> tuple[EncodedVideo, dict[str, Any]]:
-    """Worker: labels first (cheap, may fail), then load and encode."""
+    """Worker: labels first (cheap, may fail), then load and encode (gulp videos: from their
+    frames, in process whatever the backend)."""
     labels = source.labels()
+    if source.gulp is not None:
+        return encode_gulp_video(source.gulp, settings, source.origin), labels
     try:
         data = source.load()
     except OSError as e:
@@ -349,21 +356,28 @@ def write(
     backend: Backend = "native",
     resume: bool = False,
     progress: bool = True,
+    gulp_fps: float | None = None,
 ) -> WriteResult:
-    """Re-encode ``sources`` (video files, folders, tar archives, ``(name, bytes)`` pairs) into
-    ``out/shard_00000.zip`` ... with ``encoding.json``, ``manifest.parquet`` and
-    ``skipped.jsonl`` beside them. See ``EncodeSettings`` for the encoding options."""
+    """Re-encode ``sources`` (video files, folders, tar archives, gulp directories,
+    ``(name, bytes)`` pairs) into ``out/shard_00000.zip`` ... with ``encoding.json``,
+    ``manifest.parquet`` and ``skipped.jsonl`` beside them. See ``EncodeSettings`` for the
+    encoding options. Gulp videos are encoded from their JPEG frames at ``gulp_fps`` when
+    given, else at the rate their meta_data records, else 12 fps; their meta_data goes into
+    the manifest like a JSON sidecar."""
     out = os.fspath(out)
     settings = EncodeSettings(codec, crf, gop, preset, max_short, loop_filters)  # type: ignore[arg-type]
     if container not in ("zip", "tar"):
         raise ValueError(f"container must be 'zip' or 'tar', got {container!r}")
     if per_shard < 1:
         raise ValueError(f"per_shard must be at least 1, got {per_shard}")
+    if gulp_fps is not None and not gulp_fps > 0:
+        raise ValueError(f"gulp_fps must be positive, got {gulp_fps}")
     encoder = _encoder(backend)
     if isinstance(sources, str | os.PathLike):
         sources = [sources]
-    expansion = expand_sources(sources)
-    done = _prepare(out, _run_config(settings, container, per_shard, backend), resume)
+    expansion = expand_sources(sources, gulp_fps)
+    config = _run_config(settings, container, per_shard, backend, gulp_fps)
+    done = _prepare(out, config, resume)
     finished = {row["source"] for row in done.rows} | done.skipped
     todo = [s for s in expansion.sources if s.origin not in finished]
     workers = max(1, workers or os.cpu_count() or 1)

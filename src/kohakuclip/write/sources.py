@@ -1,9 +1,10 @@
-"""Expand what the user names (files, folders, tar archives, in-memory bytes) into videos.
+"""Expand what the user names (files, folders, tar archives, gulp directories, in-memory bytes)
+into videos.
 
 Each video becomes a ``Source``: the member name it gets in a shard (its path below the folder or
-inside the tar, or the file's name), where it came from (for the manifest and skipped.jsonl), and
-its ``<stem>.txt`` / ``<stem>.json`` sidecars. Tar members are read into memory when encoded;
-nothing is extracted.
+inside the tar, or the file's name; a gulp video's id), where it came from (for the manifest and
+skipped.jsonl), and its ``<stem>.txt`` / ``<stem>.json`` sidecars (a gulp video's meta_data plays
+the JSON sidecar). Tar members are read into memory when encoded; nothing is extracted.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.storage.folder import list_folder
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import ArchiveError, Member
+from kohakuclip.write.gulp_videos import GulpVideo, list_gulp_videos
 
 VIDEO_SUFFIXES = (
     ".mp4",
@@ -46,13 +49,14 @@ class Source:
     """One video to encode, with what travels with it into the manifest."""
 
     name: str  # member name in the shard (before the suffix becomes .mp4)
-    origin: str  # a path, ``archive.tar::member`` or ``<bytes>::name``
+    origin: str  # a path, ``archive.tar::member``, ``gulp_dir::id`` or ``<bytes>::name``
     size: int  # source bytes
     sidecars: dict[str, bytes] = field(default_factory=dict)  # ".txt" / ".json" -> bytes
     path: str | None = None  # a file FFmpeg opens itself
     data: bytes | None = None  # in-memory bytes
     archive: str | None = None  # tar member: the archive ...
     offset: int = 0  # ... and where the member's bytes are
+    gulp: GulpVideo | None = None  # a gulp video, encoded from its JPEG frames
 
     @classmethod
     def from_bytes(
@@ -67,7 +71,10 @@ class Source:
         return cls(name, f"<bytes>::{name}", len(data), sidecars, data=bytes(data))
 
     def load(self) -> str | bytes:
-        """What the encoder opens: the file's path, or the video's bytes."""
+        """What the encoder opens: the file's path, or the video's bytes (gulp videos have
+        neither: ``write.gulp_videos.encode_gulp_video`` encodes them)."""
+        if self.gulp is not None:
+            raise ValueError(f"{self.origin}: a gulp video is encoded from its frames")
         if self.path is not None:
             return self.path
         if self.data is not None:
@@ -165,6 +172,21 @@ def _tar_sources(archive: str) -> list[Source]:
     ]
 
 
+def _gulp_sources(root: str, gulp_fps: float | None) -> tuple[list[Source], list[tuple[str, str]]]:
+    videos, unreadable = list_gulp_videos(root, gulp_fps)
+    sources = [
+        Source(
+            f"{v.id}.mp4",
+            f"{root}::{v.id}",
+            v.size,
+            {".json": json.dumps(v.meta, ensure_ascii=False).encode()},
+            gulp=v,
+        )
+        for v in videos
+    ]
+    return sources, unreadable
+
+
 @dataclass(frozen=True)
 class Expansion:
     """The videos found, and the sources that could not be listed (origin, reason)."""
@@ -175,12 +197,15 @@ class Expansion:
 
 def expand_sources(
     items: Iterable[str | os.PathLike[str] | Source | tuple[str, bytes]],
+    gulp_fps: float | None = None,
 ) -> Expansion:
     """Every video named by ``items``, in order: a file is one video (whatever its suffix), a
     folder every video file below it (sorted), a ``.tar`` every video member (archive order),
-    a ``(name, bytes)`` pair or a ``Source`` itself. A missing path raises FileNotFoundError
-    before anything is done (a typo should not silently drop a folder); a tar that cannot be
-    listed is reported in ``unreadable``."""
+    a gulp directory (one holding ``data_<i>.gulp`` / ``meta_<i>.gmeta``) every id, in chunk
+    order, at ``gulp_fps`` if given (see ``write.gulp_videos``), a ``(name, bytes)`` pair or a
+    ``Source`` itself. A missing path raises FileNotFoundError before anything is done (a typo
+    should not silently drop a folder); a tar or a gulp chunk that cannot be read is reported
+    in ``unreadable``."""
     found: list[Source] = []
     unreadable: list[tuple[str, str]] = []
     for item in items:
@@ -191,7 +216,11 @@ def expand_sources(
             found.append(Source.from_bytes(name, data))
         else:
             path = os.fspath(item)
-            if os.path.isdir(path):
+            if is_gulp_directory(path):
+                videos, bad = _gulp_sources(path, gulp_fps)
+                found.extend(videos)
+                unreadable.extend(bad)
+            elif os.path.isdir(path):
                 found.extend(_folder_sources(path))
             elif not os.path.exists(path):
                 raise FileNotFoundError(f"{path}: no such file or folder")

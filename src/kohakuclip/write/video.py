@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -194,6 +194,22 @@ def encode_video(
 
 
 def _transcode(container: Any, stream: Any, settings: EncodeSettings, name: str) -> EncodedVideo:
+    def plan(frame: av.VideoFrame) -> SourceProbe:
+        return probe_frame(frame, stream, settings.max_short)
+
+    return encode_frames(_frames(container, stream, name), plan, settings, name)
+
+
+def encode_frames(
+    frames: Iterable[av.VideoFrame],
+    plan: Callable[[av.VideoFrame], SourceProbe],
+    settings: EncodeSettings,
+    name: str,
+) -> EncodedVideo:
+    """Encode decoded frames as a faststart mp4 in memory (any frame source: a demuxed file,
+    decoded JPEGs). ``plan`` takes the first frame and returns the stored layout and rate;
+    every frame then goes through the layout's filter chain to the encoder, numbered at that
+    constant rate."""
     buffer = io.BytesIO()
     output = av.open(buffer, "w", format="mp4")
     probe: SourceProbe | None = None
@@ -201,9 +217,9 @@ def _transcode(container: Any, stream: Any, settings: EncodeSettings, name: str)
     count = 0
     finished = False
     try:
-        for frame in _frames(container, stream, name):
+        for frame in frames:
             if probe is None:
-                probe = probe_frame(frame, stream, settings.max_short)
+                probe = plan(frame)
                 encoder = _add_encoder(output, probe, settings)
                 time_base = 1 / probe.rate  # the stream's own time base changes once muxing starts
                 convert = _Filter(probe.layout, time_base)
