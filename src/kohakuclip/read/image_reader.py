@@ -13,7 +13,7 @@ import numpy as np
 from kohakuclip.decode.image import ImageDecoder, ImageMode, output_shape, sniff_codec
 from kohakuclip.read.image_catalog import ImageCatalog, ImageLocation
 from kohakuclip.read.image_crop import image_crop
-from kohakuclip.read.pool import Pending, ThreadPool
+from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
 from kohakuclip.read.seeding import generator
 from kohakuclip.storage.files import FileCache
 
@@ -196,17 +196,7 @@ class ImageReader:
         if not clean:
             raise ValueError("a batch needs at least one image")
         shape = self.batch_shape(len(clean))
-        if out is None:
-            out = np.empty(shape, dtype=np.uint8)
-        else:
-            out = np.asarray(out)
-            if out.shape != shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
-                raise ValueError(
-                    f"out must be a C-contiguous uint8 array of shape {shape}, "
-                    f"got {out.dtype} {out.shape}"
-                )
-            if not out.flags.writeable:
-                raise ValueError("out must be writeable")
+        out = batch_buffer(out, shape)
         if seed is None:
             seed = int(self._rng.integers(0, 2**63 - 1))
         batch = ImageBatch(

@@ -7,8 +7,24 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 Task = Callable[[Any], None]
+
+
+def batch_buffer(out: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """The caller's output buffer checked against the batch shape, or a new one."""
+    if out is None:
+        return np.empty(shape, dtype=np.uint8)
+    arr = np.asarray(out)
+    if arr.shape != shape or arr.dtype != np.uint8 or not arr.flags.c_contiguous:
+        raise ValueError(
+            f"out must be a C-contiguous uint8 array of shape {shape}, got {arr.dtype} {arr.shape}"
+        )
+    if not arr.flags.writeable:
+        raise ValueError("out must be writeable")
+    return arr
 
 
 class Pending(Generic[T]):

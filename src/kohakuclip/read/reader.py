@@ -14,7 +14,7 @@ from kohakuclip.decode.image import ImageDecoder
 from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, frame_planes, square_crop
 from kohakuclip.decode.video import ClipDecoder
 from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
-from kohakuclip.read.pool import Pending, ThreadPool
+from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
 from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator
 from kohakuclip.storage.catalog import Catalog, VideoTrack
@@ -226,17 +226,7 @@ class Reader:
         if any(len(f) != t for _, f in clean):
             raise ValueError("every clip of a batch must have the same number of frames")
         shape = self.batch_shape(len(clean), t)
-        if out is None:
-            out = np.empty(shape, dtype=np.uint8)
-        else:
-            out = np.asarray(out)
-            if out.shape != shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
-                raise ValueError(
-                    f"out must be a C-contiguous uint8 array of shape {shape}, "
-                    f"got {out.dtype} {out.shape}"
-                )
-            if not out.flags.writeable:
-                raise ValueError("out must be writeable")
+        out = batch_buffer(out, shape)
         if seed is None:
             seed = int(self._rng.integers(0, 2**63 - 1))
         batch = Batch(
