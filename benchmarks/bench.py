@@ -204,6 +204,14 @@ def main() -> None:
                     f"{name:<12} {label:<22} {threads:>3} {args.clips / r['wall']:>8.1f} "
                     f"{ms:>9.2f} {cpu:>7.2f} {dpo_text:>8}"
                 )
+            stats = best["kohakuclip"]["stats"]
+            if threads == 1 and "seconds_decode" in stats:
+                parts = {
+                    k[8:]: v / frames_out * 1000 for k, v in stats.items() if k[:8] == "seconds_"
+                }
+                parts["other (Python, pool, GIL)"] = results["kohakuclip"][1] - sum(parts.values())
+                where = ", ".join(f"{k} {v:.2f}" for k, v in parts.items())
+                print(f"{name:<12} {'where the time goes':<22} {threads:>3}  ms/frame: {where}")
             if "KohakuClip 1.0.0" in results:
                 ours, ref = results["kohakuclip"], results["KohakuClip 1.0.0"]
                 print(

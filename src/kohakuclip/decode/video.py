@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 import av
@@ -45,6 +46,7 @@ class ClipDecoder:
 
     def __init__(self) -> None:
         self._contexts: dict[str, Any] = {}
+        self.seconds = {"read": 0.0, "decode": 0.0}  # time spent in preads and in the decoder
 
     def _context(self, codec: str) -> Any:
         ctx = self._contexts.get(codec)
@@ -81,8 +83,11 @@ class ClipDecoder:
 
             annexb = to_annexb
         prefix = track.prefix
+        seconds = self.seconds
         for gop in plan.reads:
+            start = perf_counter()
             buf = os.pread(fd, gop.length, gop.offset)
+            seconds["read"] += perf_counter() - start
             if len(buf) != gop.length:
                 raise ClipDecodeError(
                     f"short read: {len(buf)} of {gop.length} bytes at offset {gop.offset}"
@@ -104,11 +109,17 @@ class ClipDecoder:
                 first = False
                 packet = av.Packet(data)  # type: ignore[arg-type]
                 packet.pts = display
-                for frame in ctx.decode(packet):
+                start = perf_counter()
+                frames = ctx.decode(packet)
+                seconds["decode"] += perf_counter() - start
+                for frame in frames:
                     produced += 1
                     if frame.pts in targets:
                         on_frame(frame, frame.pts)
-        for frame in ctx.decode(None):
+        start = perf_counter()
+        frames = ctx.decode(None)
+        seconds["decode"] += perf_counter() - start
+        for frame in frames:
             produced += 1
             if frame.pts in targets:
                 on_frame(frame, frame.pts)

@@ -6,6 +6,7 @@ import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -64,6 +65,7 @@ class _Worker:
         self.pixels = PixelWriter(size, mode, window)
         self.size, self.mode, self.window = size, mode, window
         self._jpeg: ImageDecoder | None = None
+        self.seconds = {"plan": 0.0, "pixels": 0.0}
 
     @property
     def jpeg(self) -> ImageDecoder:
@@ -133,6 +135,7 @@ class Reader:
         self._rng = np.random.default_rng(seed)
         self._pid = -1
         self._pool: ThreadPool | None = None
+        self._workers: list[_Worker] = []  # per-thread state, for stats()
         self._stats_lock = threading.Lock()
         self._stats = {
             "clips": 0,
@@ -196,9 +199,15 @@ class Reader:
         if self._pid != os.getpid() or self._pool is None:
             self._pid = os.getpid()
             self._stats_lock = threading.Lock()
-            size, mode, window = self.size, self.mode, self.window
-            self._pool = ThreadPool(self.threads, lambda: _Worker(size, mode, window))
+            self._workers = []
+            self._pool = ThreadPool(self.threads, self._new_worker)
         return self._pool, self._catalog.files
+
+    def _new_worker(self) -> _Worker:
+        worker = _Worker(self.size, self.mode, self.window)
+        with self._stats_lock:
+            self._workers.append(worker)
+        return worker
 
     def submit(
         self,
@@ -282,7 +291,9 @@ class Reader:
             self._read_jpeg_clip(worker, track, batch.video[i], frames, crop, hflip, vflip, files)
             self._count(len(frames), len(set(frames)), len(set(frames)), 0)
             return
+        start = perf_counter()
         plan = plan_clip(track, frames, self.skip)
+        worker.seconds["plan"] += perf_counter() - start
         out = batch.video[i]
         written: dict[int, int] = {}
         pixels = worker.pixels
@@ -291,6 +302,7 @@ class Reader:
         def on_frame(frame: Any, display: int) -> None:
             if display in written:
                 return
+            start = perf_counter()
             positions = plan.targets[display]
             pixels.write(
                 frame_planes(frame), crop, hflip, vflip, colorspace, full_range, out[positions[0]]
@@ -298,6 +310,7 @@ class Reader:
             for t in positions[1:]:
                 out[t] = out[positions[0]]
             written[display] = positions[0]
+            worker.seconds["pixels"] += perf_counter() - start
 
         with files.open(track.path) as fd:
             worker.decoder.decode(track, plan, fd, on_frame)
@@ -342,9 +355,14 @@ class Reader:
             s["bytes_read"] += bytes_read
 
     def stats(self) -> dict[str, float]:
-        """Counters since creation; ``decoded_per_output`` is frames decoded per output frame."""
+        """Counters since creation: clips, frames out and decoded (``decoded_per_output``), packets,
+        bytes read, and seconds per stage summed over threads (``seconds_read``, ``_decode``,
+        ``_pixels``: resize + convert + flips, ``_plan``)."""
         with self._stats_lock:
             s: dict[str, float] = dict(self._stats)
+            for worker in self._workers:
+                for stage, seconds in (*worker.seconds.items(), *worker.decoder.seconds.items()):
+                    s[f"seconds_{stage}"] = s.get(f"seconds_{stage}", 0.0) + seconds
         s["decoded_per_output"] = s["frames_decoded"] / s["frames_out"] if s["frames_out"] else 0.0
         return s
 
