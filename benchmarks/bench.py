@@ -40,6 +40,7 @@ reader = kohakuclip.Reader(spec["sources"], **kwargs)
 items = [(v, f) for v, f in spec["items"]]
 batch = spec["batch"]
 reader.read(items[:batch])  # warm-up: threads, decoders, page cache
+before = reader.stats() if hasattr(reader, "stats") else {}
 t0, c0 = time.perf_counter(), time.process_time()
 pending = []
 for i in range(0, len(items), batch):
@@ -49,7 +50,10 @@ for i in range(0, len(items), batch):
 for p in pending:
     p.result()
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-stats = reader.stats() if hasattr(reader, "stats") else {}
+after = reader.stats() if hasattr(reader, "stats") else {}
+stats = {k: after[k] - before.get(k, 0) for k in after}
+if stats.get("frames_out"):
+    stats["decoded_per_output"] = stats["frames_decoded"] / stats["frames_out"]
 json.dump({"wall": wall, "cpu": cpu, "stats": stats}, sys.stdout)
 """
 
