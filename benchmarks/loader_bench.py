@@ -1,0 +1,130 @@
+"""The training-side loader alone: clips/s and training-thread CPU per batch, per setup.
+
+    python benchmarks/loader_bench.py SHARD_OR_FOLDER... [--setups 0x8 0x16 1x16 2x8 4x4]
+        [--batches 50] [--batch 16 --frames 8 --fps 6] [--cuda]
+
+A setup ``WxT`` is W DataLoader worker processes (0: decode in the training process) with T decode
+threads each. Each setup runs in a fresh process: a ClipLoader over a ClipDataset, a few warm-up
+batches, then ``--batches`` timed ones, no model. "train ms/batch" is the CPU time the training
+thread spends inside ``next(loader)`` (drawing items, submitting, allocating, receiving from
+workers); with workers and pinned memory the DataLoader's pin-memory thread adds a copy on top.
+``--cuda`` also copies each batch to the GPU (non_blocking) and synchronises, as training would.
+Without sources, ``--make N`` writes N sample videos into shards first (see bench.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+WORKER = r"""
+import json, sys, time
+import torch
+from kohakuclip.torch import ClipDataset, ClipLoader
+spec = json.load(sys.stdin)
+dataset = ClipDataset(
+    spec["sources"], spec["batch"], frames=spec["frames"], fps=spec["fps"],
+    threads=spec["threads"], size=spec["size"], hflip=0.5, seed=0,
+)
+loader = ClipLoader(dataset, workers=spec["workers"], prefetch=spec["prefetch"])
+batches = iter(loader)
+cuda = spec["cuda"]
+
+def step():
+    t = time.thread_time()
+    video = next(batches)
+    cpu = time.thread_time() - t
+    if cuda:
+        video.cuda(non_blocking=True)
+        torch.cuda.synchronize()
+    return cpu
+
+for _ in range(spec["warmup"]):
+    step()
+t0 = time.perf_counter()
+cpu = sum(step() for _ in range(spec["batches"]))
+wall = time.perf_counter() - t0
+loader.close()
+json.dump({"wall": wall, "train_cpu": cpu}, sys.stdout)
+"""
+
+
+def run_setup(spec: dict) -> dict:
+    """One setup in a fresh interpreter: nothing shared with the previous one."""
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER], input=json.dumps(spec), capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"setup {spec['workers']}x{spec['threads']} failed:\n{done.stderr}")
+    return json.loads(done.stdout)
+
+
+def parse_setup(text: str) -> tuple[int, int]:
+    workers, _, threads = text.partition("x")
+    return int(workers), int(threads)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("sources", nargs="*")
+    ap.add_argument(
+        "--setups",
+        nargs="+",
+        default=["0x8", "0x16", "1x16", "2x8", "4x4"],
+        help="WORKERSxTHREADS, e.g. 0x8 (in process, 8 threads) or 2x4",
+    )
+    ap.add_argument("--batches", type=int, default=50, help="timed batches per setup")
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--frames", type=int, default=8)
+    ap.add_argument("--fps", type=float, default=6.0)
+    ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--prefetch", type=int, default=2)
+    ap.add_argument("--cuda", action="store_true", help="copy each batch to the GPU")
+    ap.add_argument("--make", type=int, default=12, help="sample videos to write without sources")
+    ap.add_argument("--codec", default="av1", help="codec of the made shards")
+    ap.add_argument(
+        "--workdir",
+        default=os.path.join(tempfile.gettempdir(), "kc-bench"),
+        help="where made videos and shards are kept (reused across runs)",
+    )
+    args = ap.parse_args()
+    if args.sources:
+        sources = args.sources
+    else:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from bench import make_sources
+
+        sources = make_sources(args.make, args.workdir, args.codec)
+    print(f"sources: {sources}")
+    print(
+        f"{args.batch} clips of {args.frames} frames at {args.fps} fps, {args.size} px, "
+        f"{args.batches} batches; {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}"
+    )
+    header = f"{'setup':<28} {'clips/s':>8} {'train ms/batch':>15}"
+    print(header)
+    print("-" * len(header))
+    for text in args.setups:
+        workers, threads = parse_setup(text)
+        spec = dict(
+            sources=sources, batch=args.batch, frames=args.frames, fps=args.fps, size=args.size,
+            threads=threads, workers=workers, prefetch=args.prefetch, cuda=args.cuda,
+            warmup=args.warmup, batches=args.batches,
+        )  # fmt: skip
+        r = run_setup(spec)
+        name = (
+            f"in process, {threads} threads"
+            if workers == 0
+            else f"{workers} worker{'s' if workers > 1 else ''} x {threads} threads"
+        )
+        clips = args.batch * args.batches / r["wall"]
+        print(f"{name:<28} {clips:>8.1f} {r['train_cpu'] / args.batches * 1000:>15.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""kohakuclip.torch.ImageDataset: worker counts, resumption, epochs, captions from the manifest."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from image_media import photo
+from PIL import Image
+
+from kohakuclip.image_writer import write_images
+from kohakuclip.read.image_reader import ImageReader
+from kohakuclip.torch import ClipLoader, ImageDataset, batch_seed
+
+SIZE, BATCH, IMAGES = 32, 4, 10
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """Two KCIMG1 shards of 10 captioned images, with manifest.parquet beside them."""
+    root = tmp_path_factory.mktemp("imageset")
+    src = root / "src"
+    src.mkdir()
+    for i in range(IMAGES):
+        Image.fromarray(photo(60 + 4 * i, 80, seed=200 + i)).save(src / f"{i:02d}.png")
+        (src / f"{i:02d}.txt").write_text(f"picture {i}")
+        (src / f"{i:02d}.json").write_text(json.dumps({"n": i}))
+    summary = write_images(root / "out", [src], per_shard=6, min_short=0, progress=False)
+    return summary.shards
+
+
+def dataset(shards: list[str], **kw: object) -> ImageDataset:
+    options: dict = dict(batch_size=BATCH, size=SIZE, threads=1, hflip=0.5, crop="resized")
+    options.update(kw)
+    return ImageDataset(shards, **options)  # type: ignore[arg-type]
+
+
+def take(loader: ClipLoader, n: int) -> list:
+    out = []
+    for batch in loader:
+        out.append(batch)
+        if len(out) == n:
+            break
+    return out
+
+
+def test_batches_are_the_reader_with_the_batch_seed(shards: list[str]) -> None:
+    ds = dataset(shards, with_meta=True, seed=4)
+    images, meta = take(ClipLoader(ds), 2)[1]
+    assert images.shape == (BATCH, 3, SIZE, SIZE) and images.dtype == torch.uint8
+    ids = meta["image"].tolist()
+    assert ids == ds.indices(1, IMAGES).tolist()
+    with ImageReader(shards, size=SIZE, hflip=0.5, crop="resized") as reader:
+        expected = reader.read(ids, seed=batch_seed(4, 0, 1)).image
+    np.testing.assert_array_equal(images.numpy(), expected)
+
+
+def test_meta_carries_captions_and_sidecars(shards: list[str]) -> None:
+    _, meta = take(ClipLoader(dataset(shards, with_meta=True)), 1)[0]
+    for image_id, key, caption, n in zip(
+        meta["image"].tolist(), meta["key"], meta["caption"], meta["meta"]["n"].tolist()
+    ):
+        assert key == f"{image_id:02d}" and caption == f"picture {image_id}" and n == image_id
+
+
+@pytest.mark.parametrize("workers", [2])
+def test_same_batches_for_any_worker_count(shards: list[str], workers: int) -> None:
+    reference = take(ClipLoader(dataset(shards)), 5)
+    got = take(ClipLoader(dataset(shards), workers=workers), 5)
+    for a, b in zip(reference, got):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_continues_exactly(shards: list[str], workers: int) -> None:
+    straight = take(ClipLoader(dataset(shards, seed=3)), 6)
+    first = ClipLoader(dataset(shards, seed=3), workers=workers)
+    take(first, 2)
+    state = first.state_dict()
+    resumed = ClipLoader(dataset(shards, seed=99), workers=workers)
+    resumed.load_state_dict(state)
+    for a, b in zip(straight[2:], take(resumed, 4)):
+        assert torch.equal(a, b)
+
+
+def test_epochs_visit_every_image_once_across_ranks(shards: list[str]) -> None:
+    seen = []
+    for rank in range(2):
+        ds = dataset(shards, epochs=True, rank=rank, world_size=2, batch_size=5)
+        seen += [int(i) for b in range(2) for i in ds.indices(b, IMAGES)]
+    assert sorted(seen) == sorted(list(range(IMAGES)) * 2)  # two epochs, each image in each
+    first_epoch = sorted(seen[:5] + seen[10:15])
+    assert first_epoch == list(range(IMAGES))

@@ -1,0 +1,576 @@
+"""kohakuclip.torch: batch datasets, the loader, resume, ranks, epochs and worker processes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from media import VideoSpec, make_video
+from torch.utils.data import DataLoader
+
+import kohakuclip
+from kohakuclip.torch import (
+    ClipDataset,
+    ClipLoader,
+    batch_seed,
+    collate_meta,
+    item_rng,
+    rank_and_world,
+)
+
+SIZE, FRAMES, BATCH = 32, 4, 3
+LENGTHS = [24, 31, 40, 28, 36, 26]
+WORKER_TIMEOUT = 120  # seconds a DataLoader waits for a worker: a hung worker fails the test
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+@pytest.fixture(scope="session")
+def videos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of six small H.264 videos of different sizes and lengths."""
+    root = tmp_path_factory.mktemp("clips")
+    for i, n in enumerate(LENGTHS):
+        spec = VideoSpec(codec="h264", width=64 + 16 * i, height=48 + 8 * i, frames=n, seed=i)
+        make_video(spec, str(root / f"v{i}.mp4"))
+    return root
+
+
+@pytest.fixture(scope="session")
+def shards(videos: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The same videos re-encoded into two indexed zip shards by the writer, with sidecars:
+    ``v<i>.json`` (label 10 i, score i / 2, for odd i a nested field) and ``v<i>.txt`` captions
+    for even i."""
+    from kohakuclip.write.shards import write
+
+    src = tmp_path_factory.mktemp("labelled")
+    for i in range(len(LENGTHS)):
+        shutil.copy(videos / f"v{i}.mp4", src / f"v{i}.mp4")
+        sidecar: dict[str, Any] = {"label": 10 * i, "score": i / 2}
+        if i % 2:
+            sidecar["extra"] = {"odd": True}
+        (src / f"v{i}.json").write_text(json.dumps(sidecar))
+        if i % 2 == 0:
+            (src / f"v{i}.txt").write_text(f"video {i}")
+    out = tmp_path_factory.mktemp("shards")
+    result = write(out, [src], codec="h264", per_shard=3, progress=False, workers=1)
+    return [str(out / name) for name in result.shards]
+
+
+@pytest.fixture(scope="session")
+def broken(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with one video whose sample data is garbage (the moov box is intact)."""
+    root = tmp_path_factory.mktemp("broken")
+    data = bytearray(make_video(VideoSpec(codec="h264", width=64, height=48, frames=24)))
+    at = data.index(b"mdat")
+    size = int.from_bytes(data[at - 4 : at], "big")
+    data[at + 4 : at - 4 + size] = b"\xff" * (size - 8)
+    (root / "broken.mp4").write_bytes(bytes(data))
+    return root
+
+
+def dataset(source: Path, **kw: object) -> ClipDataset:
+    options: dict[str, Any] = dict(batch_size=BATCH, frames=FRAMES, size=SIZE, threads=1)
+    options.update(hflip=0.5, **kw)
+    return ClipDataset(str(source), **options)
+
+
+def take(loader: ClipLoader, n: int) -> list:
+    out = []
+    for batch in loader:
+        out.append(batch)
+        if len(out) == n:
+            break
+    return out
+
+
+def assert_same_batches(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        if isinstance(x, tuple):
+            assert x[1]["batch"] == y[1]["batch"]
+            assert torch.equal(x[1]["video"], y[1]["video"])
+            assert torch.equal(x[1]["frames"], y[1]["frames"])
+            x, y = x[0], y[0]
+        assert torch.equal(x, y)
+
+
+def test_batches_follow_from_seed_rank_and_index(videos: Path) -> None:
+    """Each item's video and frames come from item_rng(seed, rank, batch, item) and
+    kohakuclip.clip; the pixels are the reader's for those items and batch_seed."""
+    ds = dataset(videos, seed=5, fps=12.0, rank=1, world_size=2, with_meta=True)
+    batches = take(ClipLoader(ds), 3)
+    with kohakuclip.Reader(str(videos), size=SIZE, hflip=0.5) as reader:
+        for b, (video, meta) in enumerate(batches):
+            items = []
+            for j in range(BATCH):
+                rng = item_rng(5, 1, b, j)
+                vid = int(rng.integers(len(reader)))
+                info = reader.info(vid)
+                items.append((vid, kohakuclip.clip(info.n, FRAMES, rng, 12.0, info.fps)))
+            assert meta["batch"] == b
+            assert meta["video"].tolist() == [vid for vid, _ in items]
+            assert meta["frames"].tolist() == [f for _, f in items]
+            expected = reader.read(items, seed=batch_seed(5, 1, b)).video
+            assert video.shape == (BATCH, FRAMES, 3, SIZE, SIZE) and video.dtype == torch.uint8
+            np.testing.assert_array_equal(video.numpy(), expected)
+    # not a constant stream: batches differ from each other
+    assert not torch.equal(batches[0][0], batches[1][0])
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_same_batches_for_any_worker_count(videos: Path, workers: int) -> None:
+    reference = take(ClipLoader(dataset(videos, with_meta=True)), 7)
+    got = take(
+        ClipLoader(dataset(videos, with_meta=True), workers=workers, timeout=WORKER_TIMEOUT), 7
+    )
+    assert [m["batch"] for _, m in got] == list(range(7))
+    assert_same_batches(reference, got)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_indexed_shards_give_the_same_batches_in_workers(shards: list[str], workers: int) -> None:
+    def make() -> ClipDataset:
+        return ClipDataset(shards, BATCH, FRAMES, fps=12.0, threads=1, size=SIZE, with_meta=True)
+
+    reference = take(ClipLoader(make()), 5)
+    assert {m for _, meta in reference for m in meta["source"]} == set(shards)
+    got = take(ClipLoader(make(), workers=workers, timeout=WORKER_TIMEOUT), 5)
+    assert_same_batches(reference, got)
+
+
+def test_plain_dataloader_gives_the_same_batches(videos: Path) -> None:
+    ds = dataset(videos)
+    reference = [ds.read_batch(i) for i in range(4)]  # opens a reader in this process first
+    got = []
+    for batch in DataLoader(ds, batch_size=None, num_workers=2, timeout=WORKER_TIMEOUT):
+        got.append(batch)
+        if len(got) == 4:
+            break
+    assert_same_batches(reference, got)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("stop", [0, 1, 3, 5])
+def test_resume_continues_with_the_batches_of_a_straight_run(
+    videos: Path, workers: int, stop: int
+) -> None:
+    straight = take(ClipLoader(dataset(videos, seed=3)), 7)
+    first = ClipLoader(dataset(videos, seed=3), workers=workers, timeout=WORKER_TIMEOUT)
+    assert_same_batches(take(first, stop) if stop else [], straight[:stop])
+    state = first.state_dict()
+    assert state == {"seed": 3, "batch": stop}
+    resumed = ClipLoader(
+        dataset(videos, seed=999), workers=workers, timeout=WORKER_TIMEOUT
+    )  # the state brings the seed
+    resumed.load_state_dict(state)
+    assert_same_batches(take(resumed, 7 - stop), straight[stop:])
+
+
+def test_lookahead_counts_fetched_ahead_batches_as_unseen(videos: Path) -> None:
+    loader = ClipLoader(dataset(videos), lookahead=1)
+    assert loader.state_dict()["batch"] == 0
+    it = iter(loader)
+    next(it)
+    assert loader.state_dict()["batch"] == 0  # fetched batch 0, training on it: nothing done yet
+    next(it)
+    next(it)
+    assert loader.state_dict()["batch"] == 2
+    # a new iteration (as after a checkpoint) starts at the first batch not trained on
+    again = iter(loader)
+    assert next(again).equal(dataset(videos).read_batch(2))
+    with pytest.raises(StopIteration):
+        next(it)  # the older iteration is superseded
+
+
+def test_a_new_iteration_continues_the_stream(videos: Path) -> None:
+    straight = take(ClipLoader(dataset(videos)), 5)
+    loader = ClipLoader(dataset(videos))
+    got = take(loader, 2) + take(loader, 3)
+    assert_same_batches(got, straight)
+
+
+def test_ranks_draw_their_own_streams(videos: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    per_rank = [
+        [dataset(videos, rank=r, world_size=3).indices(b, 1000).tolist() for b in range(20)]
+        for r in range(3)
+    ]
+    for r in range(3):
+        for s in range(r):
+            assert per_rank[r] != per_rank[s]
+            same = sum(a == b for a, b in zip(per_rank[r], per_rank[s]))
+            assert same == 0  # 3 draws out of 1000 agree by chance with probability ~3e-3
+    # ranks from the environment when torch.distributed is not initialised
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert rank_and_world() == (2, 3)
+    from_env = dataset(videos)
+    assert [from_env.indices(b, 1000).tolist() for b in range(20)] == per_rank[2]
+    loader_batches = take(ClipLoader(dataset(videos, with_meta=True)), 2)
+    explicit = take(ClipLoader(dataset(videos, rank=2, world_size=3, with_meta=True)), 2)
+    assert_same_batches(loader_batches, explicit)
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(ValueError, match="RANK"):
+        rank_and_world()
+
+
+def test_torch_distributed_takes_precedence_over_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        assert rank_and_world() == (0, 1)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize(("n", "world", "batch"), [(6, 1, 3), (6, 2, 3), (7, 3, 2), (10, 4, 3)])
+def test_epochs_visit_every_video_once_per_epoch_across_ranks(
+    videos: Path, n: int, world: int, batch: int
+) -> None:
+    rounds = 4 * n  # batches per rank: enough for several epochs whatever n, world and batch
+    streams = [
+        np.concatenate(
+            [
+                dataset(
+                    videos, batch_size=batch, epochs=True, seed=7, rank=r, world_size=world
+                ).indices(b, n)
+                for b in range(rounds)
+            ]
+        )
+        for r in range(world)
+    ]
+    # interleave the ranks: global position k * world + r is item k of rank r
+    merged = np.stack(streams, axis=1).reshape(-1)
+    epochs = len(merged) // n
+    assert epochs >= 4
+    orders = merged[: epochs * n].reshape(epochs, n)
+    for order in orders:
+        np.testing.assert_array_equal(np.sort(order), np.arange(n))
+    assert len({tuple(o) for o in orders}) > 1  # each epoch has its own order
+    assert any(sorted(s.tolist()) != s.tolist() for s in orders)
+
+
+def test_epoch_mode_batches_hold_the_drawn_videos(videos: Path) -> None:
+    n = len(LENGTHS)
+    seen: list[int] = []
+    for rank in range(2):
+        ds = dataset(videos, epochs=True, rank=rank, world_size=2, with_meta=True)
+        batches = take(
+            ClipLoader(ds, workers=rank, timeout=WORKER_TIMEOUT), 2
+        )  # in process for rank 0, a worker for 1
+        for b, (_, meta) in enumerate(batches):
+            assert meta["video"].tolist() == ds.indices(b, n).tolist()
+            seen += meta["video"].tolist()
+    assert sorted(seen) == sorted(list(range(n)) * 2)  # 2 ranks x 2 batches x 3 = two epochs
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_errors_reach_the_training_loop_naming_the_file(broken: Path, workers: int) -> None:
+    loader = ClipLoader(dataset(broken), workers=workers, timeout=WORKER_TIMEOUT)
+    with pytest.raises(Exception, match=r"broken\.mp4") as raised:
+        take(loader, 2)
+    assert "NAL" in str(raised.value) or "frames" in str(raised.value)
+
+
+def test_missing_sources_fail_at_first_use(tmp_path: Path) -> None:
+    loader = ClipLoader(ClipDataset(str(tmp_path / "nowhere"), batch_size=2, size=SIZE))
+    with pytest.raises(Exception, match="nowhere"):
+        take(loader, 1)
+
+
+def test_empty_folder_is_a_clear_error(tmp_path: Path) -> None:
+    loader = ClipLoader(ClipDataset(str(tmp_path), batch_size=2, size=SIZE))
+    with pytest.raises(ValueError, match="no videos"):
+        take(loader, 1)
+
+
+class _ReaderReportingClips(ClipDataset):
+    """Adds to each batch's meta which process made it and with which reader object."""
+
+    def _meta(self, reader: Any, batch: int, items: list[Any], result: Any) -> dict[str, Any]:
+        return {"pid": os.getpid(), "reader": id(reader)}
+
+
+def test_worker_processes_never_use_the_parents_reader(videos: Path) -> None:
+    ds = _ReaderReportingClips(str(videos), BATCH, FRAMES, size=SIZE, threads=1, with_meta=True)
+    reference = [ds.read_batch(i) for i in range(3)]
+    parent = ds._reader
+    assert {m["reader"] for _, m in reference} == {id(parent)}
+    got = take(ClipLoader(ds, workers=2, timeout=WORKER_TIMEOUT), 3)
+    for (video, meta), (expected, _) in zip(got, reference):
+        assert torch.equal(video, expected)
+        assert meta["pid"] != os.getpid()
+        assert meta["reader"] != id(parent)  # the inherited copy sits at the parent's address
+    assert len({m["pid"] for _, m in got}) == 2
+    assert ds._reader is parent  # left open and idle in the parent, and still working
+    assert torch.equal(ds.read_batch(1)[0], reference[1][0])
+
+
+def test_global_random_state_is_untouched(videos: Path) -> None:
+    np.random.seed(1)
+    torch.manual_seed(1)
+    np_state, torch_state = np.random.get_state()[1].copy(), torch.get_rng_state().clone()
+    take(ClipLoader(dataset(videos)), 2)
+    take(ClipLoader(dataset(videos, epochs=True), workers=1, timeout=WORKER_TIMEOUT), 2)
+    np.testing.assert_array_equal(np.random.get_state()[1], np_state)
+    assert torch.equal(torch.get_rng_state(), torch_state)
+
+
+def test_metadata_names_each_clip(videos: Path) -> None:
+    _, meta = take(ClipLoader(dataset(videos, with_meta=True, seed=2)), 1)[0]
+    assert set(meta) == {"batch", "video", "frames", "source", "member", "meta"}
+    assert meta["video"].dtype == torch.int64 and meta["video"].shape == (BATCH,)
+    assert meta["frames"].shape == (BATCH, FRAMES)
+    for vid, member, frames in zip(meta["video"].tolist(), meta["member"], meta["frames"]):
+        assert member == f"v{vid}.mp4"
+        assert int(frames.min()) >= 0 and int(frames.max()) < LENGTHS[vid]
+        assert (frames[1:] - frames[:-1]).eq(1).all()  # native rate: consecutive frames
+    assert meta["source"] == [str(videos)] * BATCH
+    assert isinstance(meta["meta"], dict)
+
+
+def test_collate_meta_batches_values_by_type() -> None:
+    records = [
+        {"label": 3, "score": 0.5, "caption": "a cat", "ok": True, "tags": ["x"]},
+        {"label": 7, "score": 1, "caption": "a dog", "ok": False},
+    ]
+    out = collate_meta(records)
+    assert out["label"].dtype == torch.int64 and out["label"].tolist() == [3, 7]
+    assert out["score"].dtype == torch.float32 and out["score"].tolist() == [0.5, 1.0]
+    assert out["ok"].dtype == torch.bool and out["ok"].tolist() == [True, False]
+    assert out["caption"] == ["a cat", "a dog"]
+    assert out["tags"] == [["x"], None]
+    assert collate_meta([{}, {}]) == {}
+
+
+def test_custom_sampler_and_spread(videos: Path) -> None:
+    ds = dataset(videos, sampler=kohakuclip.random_frames, frames=5, with_meta=True)
+    _, meta = ds.read_batch(0)
+    for j, (vid, frames) in enumerate(zip(meta["video"].tolist(), meta["frames"].tolist())):
+        rng = item_rng(0, 0, 0, j)
+        assert vid == int(rng.integers(len(LENGTHS)))
+        assert frames == kohakuclip.random_frames(LENGTHS[vid], 5, rng)
+    _, meta = dataset(videos, spread=True, with_meta=True).read_batch(0)
+    for vid, frames in zip(meta["video"].tolist(), meta["frames"].tolist()):
+        assert frames[-1] - frames[0] >= LENGTHS[vid] // 2  # spans the video
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(batch_size=0), "batch_size"),
+        (dict(frames=0), "frames"),
+        (dict(fps=0.0), "fps"),
+        (dict(threads=0), "threads"),
+        (dict(rank=1), "rank"),
+        (dict(rank=2, world_size=2), "rank"),
+        (dict(seed=-1), "seed"),
+        (dict(seed=1.5), "seed"),
+    ],
+)
+def test_bad_dataset_arguments(videos: Path, kw: dict, match: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=match):
+        dataset(videos, **kw)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(workers=-1), "workers"),
+        (dict(prefetch=0), "prefetch"),
+        (dict(lookahead=-1), "lookahead"),
+    ],
+)
+def test_bad_loader_arguments(videos: Path, kw: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ClipLoader(dataset(videos), **kw)
+
+
+def test_bad_state_is_refused(videos: Path) -> None:
+    loader = ClipLoader(dataset(videos))
+    with pytest.raises(ValueError, match="batch"):
+        loader.load_state_dict({"seed": 0, "batch": -1})
+    with pytest.raises(KeyError):
+        loader.load_state_dict({"batch": 2})
+
+
+def test_kohakuclip_imports_without_torch() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import kohakuclip, kohakuclip.read.permute\n"
+        "try:\n    import kohakuclip.torch\nexcept ImportError:\n    print('no torch layer')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "no torch layer"
+
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+
+
+def load_example(name: str) -> ModuleType:
+
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_torch_loop_example_resumes_exactly(videos: Path, tmp_path: Path) -> None:
+    example = load_example("torch_loop")
+    small = dict(batch_size=2, frames=4, size=32, threads=1, fps=None, save_every=2)
+    straight = example.train([str(videos)], 6, str(tmp_path / "straight.pt"), **small)
+    interrupted = str(tmp_path / "interrupted.pt")
+    first = example.train([str(videos)], 3, interrupted, **small)
+    state = torch.load(interrupted)
+    assert state["step"] == 3 and state["loader"] == {"seed": 0, "batch": 3}
+    rest = example.train([str(videos)], 6, interrupted, workers=2, **small)
+    assert len(straight) == 6 and len(first) == 3 and len(rest) == 3
+    np.testing.assert_allclose(first + rest, straight, rtol=1e-6)
+    assert len(set(straight)) == 6
+
+
+def read_trace(path: Path) -> dict[tuple[int, int], tuple[int, int, float]]:
+    """(rank, step) -> (epoch, batch checksum, loss) from the Lightning example's --trace file."""
+    out = {}
+    for line in path.read_text().splitlines():
+        rank, step, epoch, checksum, loss = line.split()
+        out[int(rank), int(step)] = (int(epoch), int(checksum), float(loss))
+    return out
+
+
+def run_lightning(videos: Path, tmp_path: Path, trace: str, *extra: str) -> None:
+    """The Lightning example on tiny clips, in its own process (DDP re-launches the script)."""
+    cmd = [
+        sys.executable, str(EXAMPLES / "lightning_module.py"), str(videos),
+        "--accelerator", "cpu", "--save-every", "2", "--batch-size", "2", "--frames", "4",
+        "--size", "32", "--threads", "1", "--checkpoints", str(tmp_path / "ckpt"),
+        "--trace", str(tmp_path / trace), *extra,
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def assert_resumed_matches(resumed: dict, straight: dict) -> None:
+    for key, (epoch, checksum, loss) in resumed.items():
+        assert (epoch, checksum) == straight[key][:2], key
+        assert loss == pytest.approx(straight[key][2], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_lightning_ddp_resume_matches_a_straight_run(videos: Path, tmp_path: Path) -> None:
+    pytest.importorskip("lightning", reason="Lightning is not installed")
+    ddp = ("--devices", "2", "--steps", "6")
+    run_lightning(videos, tmp_path, "straight.txt", *ddp)
+    straight = read_trace(tmp_path / "straight.txt")
+    assert sorted(straight) == [(r, s) for r in range(2) for s in range(6)]
+    for step in range(6):  # two DDP ranks, two different batches at every step
+        assert straight[0, step][1] != straight[1, step][1]
+    for at, workers in ((2, "1"), (4, "0")):
+        ckpt = tmp_path / "ckpt" / f"step{at}.ckpt"
+        state = torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]
+        assert state["combined_loader"] == [{"seed": 0, "batch": at}]
+        trace = f"resumed{at}.txt"
+        run_lightning(videos, tmp_path, trace, *ddp, "--resume", str(ckpt), "--workers", workers)
+        resumed = read_trace(tmp_path / trace)
+        assert sorted(resumed) == [(r, s) for r in range(2) for s in range(at, 6)]
+        assert_resumed_matches(resumed, straight)
+
+
+@pytest.mark.slow
+def test_lightning_epochs_resume_mid_epoch_and_at_a_boundary(videos: Path, tmp_path: Path) -> None:
+    pytest.importorskip("lightning", reason="Lightning is not installed")
+    epochs = ("--devices", "1", "--epoch-batches", "3", "--epochs", "3")
+    run_lightning(videos, tmp_path, "straight.txt", *epochs)
+    straight = read_trace(tmp_path / "straight.txt")
+    assert sorted(straight) == [(0, s) for s in range(9)]
+    assert [straight[0, s][0] for s in range(9)] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert len({checksum for _, checksum, _ in straight.values()}) == 9  # no batch repeats
+    for at in (4, 6):  # inside epoch 1, and the end of epoch 1
+        ckpt = tmp_path / "ckpt" / f"step{at}.ckpt"
+        state = torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]
+        assert state["combined_loader"] == [{"seed": 0, "batch": at}]
+        run_lightning(videos, tmp_path, f"resumed{at}.txt", *epochs, "--resume", str(ckpt))
+        resumed = read_trace(tmp_path / f"resumed{at}.txt")
+        assert sorted(resumed) == [(0, s) for s in range(at, 9)]
+        assert_resumed_matches(resumed, straight)
+
+
+def test_forkserver_workers_give_the_same_batches(videos: Path) -> None:
+    reference = take(ClipLoader(dataset(videos)), 3)
+    loader = ClipLoader(
+        dataset(videos), workers=1, timeout=WORKER_TIMEOUT, multiprocessing_context="forkserver"
+    )
+    assert_same_batches(take(loader, 3), reference)
+
+
+def test_an_abandoned_iteration_leaves_the_decode_threads_idle(videos: Path) -> None:
+    loader = ClipLoader(dataset(videos, threads=2), prefetch=4)
+    it = iter(loader)
+    next(it)
+    reader = loader.dataset._reader
+    it.close()  # three batches were still decoding
+    stats = reader.stats()
+    assert stats["clips"] == 4 * BATCH  # all of them finished before close() returned
+
+
+def test_default_threads_share_the_cpus(videos: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    ds = dataset(videos, threads=None)
+    ds.read_batch(0)
+    assert ds._reader.threads == cpus
+    ds.close()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cpus * 2))  # more ranks than CPUs: one each
+    ds.read_batch(0)
+    assert ds._reader.threads == 1
+    ds.close()
+
+
+def test_write_time_metadata_is_collated_into_the_batch(shards: list[str]) -> None:
+    ds = ClipDataset(shards, 4, FRAMES, seed=4, size=SIZE, threads=1, with_meta=True)
+    for _, meta in take(ClipLoader(ds, workers=1, timeout=WORKER_TIMEOUT), 3):
+        ids = [int(m[1:-4]) for m in meta["member"]]  # v<i>.mp4
+        assert meta["meta"]["label"].dtype == torch.int64
+        assert meta["meta"]["label"].tolist() == [10 * i for i in ids]
+        assert meta["meta"]["score"].tolist() == [i / 2 for i in ids]
+        captions = meta["meta"].get("caption", [None] * len(ids))
+        assert captions == [f"video {i}" if i % 2 == 0 else None for i in ids]
+        extra = meta["meta"].get("extra", [None] * len(ids))
+        assert extra == [{"odd": True} if i % 2 else None for i in ids]
+
+
+def test_epochs_of_a_fixed_number_of_batches(videos: Path) -> None:
+    straight = [dataset(videos).read_batch(i) for i in range(7)]
+    loader = ClipLoader(dataset(videos), batches=3, lookahead=1)
+    assert len(loader) == 3
+    assert_same_batches(list(loader), straight[0:3])
+    # the consumer asked past the end: nothing was fetched ahead, the next epoch starts at 3
+    assert loader.state_dict()["batch"] == 3
+    it = iter(loader)
+    assert_same_batches([next(it), next(it)], straight[3:5])
+    assert loader.state_dict()["batch"] == 4  # mid-epoch, one fetched ahead
+    resumed = ClipLoader(dataset(videos), batches=3)
+    resumed.load_state_dict(loader.state_dict())
+    assert_same_batches(list(resumed), straight[4:6])  # the rest of epoch 1 only
+    assert_same_batches(
+        list(resumed), straight[6:7] + [dataset(videos).read_batch(i) for i in (7, 8)]
+    )
+    with pytest.raises(TypeError, match="length"):
+        len(ClipLoader(dataset(videos)))
+    with pytest.raises(ValueError, match="batches"):
+        ClipLoader(dataset(videos), batches=0)
