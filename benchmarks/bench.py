@@ -188,15 +188,10 @@ def main() -> None:
                 for label, python, code, extra in impls:
                     r = run(python, code, {**base, **extra})
                     prev = best.get(label)
-                    best[label] = (
-                        r
-                        if prev is None
-                        else {
-                            "wall": min(prev["wall"], r["wall"]),
-                            "cpu": min(prev["cpu"], r["cpu"]),
-                            "stats": r["stats"],
-                        }
-                    )
+                    if prev is None or r["cpu"] < prev["cpu"]:  # stats from the best round
+                        best[label] = {**r, "wall": min(r["wall"], (prev or r)["wall"])}
+                    else:
+                        prev["wall"] = min(prev["wall"], r["wall"])
             results = {}
             for label, r in best.items():
                 ms = r["wall"] * threads / frames_out * 1000

@@ -6,7 +6,7 @@ import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from time import perf_counter
+from time import thread_time
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -291,9 +291,9 @@ class Reader:
             self._read_jpeg_clip(worker, track, batch.video[i], frames, crop, hflip, vflip, files)
             self._count(len(frames), len(set(frames)), len(set(frames)), 0)
             return
-        start = perf_counter()
+        start = thread_time()
         plan = plan_clip(track, frames, self.skip)
-        worker.seconds["plan"] += perf_counter() - start
+        worker.seconds["plan"] += thread_time() - start
         out = batch.video[i]
         written: dict[int, int] = {}
         pixels = worker.pixels
@@ -302,7 +302,7 @@ class Reader:
         def on_frame(frame: Any, display: int) -> None:
             if display in written:
                 return
-            start = perf_counter()
+            start = thread_time()
             positions = plan.targets[display]
             pixels.write(
                 frame_planes(frame), crop, hflip, vflip, colorspace, full_range, out[positions[0]]
@@ -310,7 +310,7 @@ class Reader:
             for t in positions[1:]:
                 out[t] = out[positions[0]]
             written[display] = positions[0]
-            worker.seconds["pixels"] += perf_counter() - start
+            worker.seconds["pixels"] += thread_time() - start
 
         with files.open(track.path) as fd:
             worker.decoder.decode(track, plan, fd, on_frame)
@@ -356,7 +356,7 @@ class Reader:
 
     def stats(self) -> dict[str, float]:
         """Counters since creation: clips, frames out and decoded (``decoded_per_output``), packets,
-        bytes read, and seconds per stage summed over threads (``seconds_read``, ``_decode``,
+        bytes read, and CPU seconds per stage summed over threads (``seconds_read``, ``_decode``,
         ``_pixels``: resize + convert + flips, ``_plan``)."""
         with self._stats_lock:
             s: dict[str, float] = dict(self._stats)
