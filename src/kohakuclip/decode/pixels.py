@@ -14,6 +14,11 @@ import numpy as np
 
 OutputMode = Literal["rgb", "yuv_resized", "yuv"]
 
+# Parallelism comes from the decode pool, one frame per thread: OpenCV's own worker threads would
+# only oversubscribe the cores, and a pool thread caught mid-call by a DataLoader fork can leave
+# the child a locked mutex.
+cv2.setNumThreads(0)
+
 _KR_KB = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722)}
 
 
