@@ -96,3 +96,29 @@ def test_shard_manifest_metadata_reaches_info(tmp_path) -> None:
         metas = {reader.info(v).member: reader.info(v).meta for v in range(len(reader))}
     assert metas["a.mp4"] == {"caption": "a caption"}
     assert metas["b.mp4"]["label"] == "cat" and metas["b.mp4"]["score"] == 3
+
+
+def test_rotated_sources_read_upright(tmp_path) -> None:
+    """A source with a 90-degree display matrix is written upright and read upright: the clip
+    matches the source's frames as shown (rotated), not as coded."""
+    from writer_media import tagged_video, upright_reference
+
+    spec = VideoSpec(codec="h264", width=128, height=80, frames=12, blur=1.5)
+    source = tagged_video(spec, rotation=90)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "rot.mp4").write_bytes(source)
+    out = str(tmp_path / "out")
+    result = write(out, [str(tmp_path / "src")], codec="h264", crf=12, progress=False)
+    upright = upright_reference(source, 90)
+    with Reader([str(tmp_path / "out" / s) for s in result.shards], size=64, crop="center") as r:
+        info = r.info(0)
+        assert (info.width, info.height) == (80, 128)  # portrait once upright
+        batch = r.read([(0, [0, 5, 11])])
+    x, y, w, h = (int(v) for v in batch.crops[0])
+    for t, f in enumerate([0, 5, 11]):
+        window = Image.fromarray(upright[f][y : y + h, x : x + w])
+        ref = np.asarray(window.resize((64, 64), Image.BILINEAR)).transpose(2, 0, 1)
+        assert psnr(batch.video[0, t], ref) >= 38, f
+        unrotated = np.rot90(upright[f], -1)[: min(h, 80), : min(w, 80)]
+        wrong = np.asarray(Image.fromarray(np.ascontiguousarray(unrotated)).resize((64, 64)))
+        assert psnr(batch.video[0, t], wrong.transpose(2, 0, 1)) < 25
