@@ -535,9 +535,6 @@ class ImageDataset(BatchDataset):
             rank=rank,
             world_size=world_size,
         )
-        for key in ("seed", "threads"):
-            if key in reader_options:
-                raise TypeError(f"{key!r} is an ImageDataset argument, not a reader option")
         self.sources = sources
         self.reader_options = reader_options
 
