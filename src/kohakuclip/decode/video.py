@@ -76,7 +76,6 @@ class ClipDecoder:
         """
         ctx = self._context(track.codec)
         targets = plan.targets
-        produced = 0
         annexb = None
         if track.nal_length_size:
             from kohakuclip.codecs.annexb import to_annexb
@@ -84,6 +83,18 @@ class ClipDecoder:
             annexb = to_annexb
         prefix = track.prefix
         seconds = self.seconds
+        produced = 0
+
+        def feed(packet: av.Packet | None) -> None:
+            nonlocal produced
+            start = thread_time()
+            frames = ctx.decode(packet)
+            seconds["decode"] += thread_time() - start
+            produced += len(frames)
+            for frame in frames:
+                if frame.pts in targets:
+                    on_frame(frame, frame.pts)
+
         for gop in plan.reads:
             start = thread_time()
             buf = os.pread(fd, gop.length, gop.offset)
@@ -109,19 +120,7 @@ class ClipDecoder:
                 first = False
                 packet = av.Packet(data)  # type: ignore[arg-type]
                 packet.pts = display
-                start = thread_time()
-                frames = ctx.decode(packet)
-                seconds["decode"] += thread_time() - start
-                for frame in frames:
-                    produced += 1
-                    if frame.pts in targets:
-                        on_frame(frame, frame.pts)
-        start = thread_time()
-        frames = ctx.decode(None)
-        seconds["decode"] += thread_time() - start
-        for frame in frames:
-            produced += 1
-            if frame.pts in targets:
-                on_frame(frame, frame.pts)
+                feed(packet)
+        feed(None)  # drain
         ctx.flush_buffers()
         return produced
