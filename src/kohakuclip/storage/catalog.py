@@ -288,7 +288,7 @@ class Catalog:
         ref = self.videos[vid]
         src = self.sources[ref.source]
         if ref.entry is not None:
-            return self._from_index(src, ref.entry)
+            return self._from_index(src, ref.entry, vid)
         if src.gulp is not None:
             return self._from_gulp(src.gulp, src.gulp.position(ref.member))
         return self._from_moov(vid)
@@ -364,14 +364,13 @@ class Catalog:
             display=np.asarray(mp4.display, dtype=np.int64),
         )
 
-    def _from_index(self, src: _Source, entry: VideoEntry) -> VideoTrack:
+    def _from_index(self, src: _Source, entry: VideoEntry, vid: int) -> VideoTrack:
         rows = self._index_rows(src, entry)
         display = None
         nal_length_size = 0
         prefix = bytes.fromhex(entry.prefix)
         if entry.codec != "av1":
             # The index has no composition times: B-frames need the moov's display order.
-            vid = self._vid_of(src, entry.member)
             moov = self._from_moov(vid)
             display, nal_length_size = moov.display, moov.nal_length_size
             if display is None:
@@ -393,13 +392,6 @@ class Catalog:
             display=display,
             av1_frames=self._av1_frames(src, entry.member) if entry.codec == "av1" else None,
         )
-
-    def _vid_of(self, src: _Source, member: str) -> int:
-        sid = self.sources.index(src)
-        for vid, ref in enumerate(self.videos):
-            if ref.source == sid and ref.member == member:
-                return vid
-        raise SourceError(f"{src.path}:{member}: not in the catalog")
 
     def max_short_side(self, default: int) -> int:
         """The largest short side the index headers announce; ``default`` if any is unknown."""
