@@ -122,3 +122,30 @@ def test_rotated_sources_read_upright(tmp_path) -> None:
         unrotated = np.rot90(upright[f], -1)[: min(h, 80), : min(w, 80)]
         wrong = np.asarray(Image.fromarray(np.ascontiguousarray(unrotated)).resize((64, 64)))
         assert psnr(batch.video[0, t], wrong.transpose(2, 0, 1)) < 25
+
+
+@pytest.mark.parametrize("codec", ["h264", "av1"])
+def test_edit_list_trims_are_read_as_shown(tmp_path, codec: str) -> None:
+    """Samples an edit list hides are decoded (later frames need them) but never counted or
+    returned: frame i is PyAV's i-th shown frame (luma at stored size, bit for bit)."""
+    import struct
+
+    from media import decode_planes
+    from test_mp4 import frame_ms, video, with_edits
+
+    data = video(codec)
+    at = data.find(b"elst")
+    total, shift = struct.unpack_from(">Ii", data, at + 12)
+    edited = with_edits(data, [(total - frame_ms(5), shift + 5 * 512)])
+    (tmp_path / "trimmed.mp4").write_bytes(edited)
+    shown = decode_planes(edited)
+    with Reader(str(tmp_path), size=96, crop="center", mode="yuv_resized") as reader:
+        info = reader.info(0)
+        assert info.n == len(shown) < 40
+        frames = [0, 1, info.n - 1, 7]
+        batch = reader.read([(0, frames)])
+    x, y, w, h = (int(v) for v in batch.crops[0])
+    assert (w, h) == (96, 96)
+    for t, f in enumerate(frames):
+        luma = batch.video[0, t, : 96 * 96].reshape(96, 96)
+        assert np.array_equal(luma, shown[f][0][y : y + h, x : x + w]), f
