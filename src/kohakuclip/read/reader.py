@@ -127,7 +127,12 @@ class Reader:
         self.size, self.mode, self.threads = size, mode, threads
         self.crop, self.hflip, self.vflip, self.skip = crop, hflip, vflip, skip
         self._catalog = Catalog(
-            [os.fspath(p) for p in paths], use_index, moov_cache, open_files, gulp_fps
+            [os.fspath(p) for p in paths],
+            use_index,
+            moov_cache,
+            open_files,
+            gulp_fps,
+            analyze_av1=skip is not False,
         )
         self.window = window if window is not None else self._catalog.max_short_side(512)
         if self.window % 2:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from kohakuclip.codecs.av1 import Av1Deps, Av1ParseError, analyze
 from kohakuclip.formats import (
     AV1_DEPS_KEY,
     AV1_DEPS_MAGIC,
@@ -109,7 +110,9 @@ class Catalog:
         cache_size: int = 4096,
         open_files: int = 4096,
         gulp_fps: float | None = None,
+        analyze_av1: bool = True,
     ) -> None:
+        self._analyze = analyze_av1
         self._gulp_fps = gulp_fps
         self._manifests = VideoManifests()
         self._open_files = open_files
@@ -335,17 +338,15 @@ class Catalog:
         path, base, size = self._member_location(vid)
         where = self.where(vid)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            with self.files.open(path) as fd:
+                mp4 = parse_mp4(
+                    lambda off, n: os.pread(fd, n, base + off), size, base=base, where=where
+                )
+                deps = self._analyze_av1(fd, mp4, where) if mp4.codec == "av1" else None
         except OSError as e:
             raise SourceError(f"{where}: {e.strerror}") from None
-        try:
-            mp4 = parse_mp4(
-                lambda off, n: os.pread(fd, n, base + off), size, base=base, where=where
-            )
         except ValueError as e:
             raise SourceError(str(e)) from None
-        finally:
-            os.close(fd)
         sizes = np.asarray(mp4.sizes, dtype=np.uint32)
         return VideoTrack(
             codec=mp4.codec,
@@ -359,10 +360,29 @@ class Catalog:
             path=path,
             offsets=np.asarray(mp4.offsets, dtype=np.uint64),
             sizes=sizes,
-            keep=sizes,
+            keep=sizes if deps is None else deps.keep,
             keyframe=np.asarray(mp4.keyframes, dtype=bool),
             display=np.asarray(mp4.display, dtype=np.int64),
+            av1_frames=None if deps is None else deps.frames,
         )
+
+    def _analyze_av1(self, fd: int, mp4: Any, where: str) -> Av1Deps | None:
+        """The AV1 dependency table of a video without an index, built on first use (one read
+        of its samples): the moov fallback then skips as much as an indexed shard. None when
+        disabled, or when a frame header does not parse (``keep`` stays the whole sample)."""
+        if not self._analyze or mp4.n == 0:
+            return None
+        offsets = mp4.offsets.astype(np.int64)
+        start = int(offsets.min())
+        data = os.pread(fd, int((offsets + mp4.sizes).max()) - start, start)
+        view = memoryview(data)
+        samples = [
+            view[o - start : o - start + z] for o, z in zip(offsets.tolist(), mp4.sizes.tolist())
+        ]
+        try:
+            return analyze(samples, mp4.prefix, where)
+        except Av1ParseError:
+            return None
 
     def _from_index(self, src: _Source, entry: VideoEntry, vid: int) -> VideoTrack:
         rows = self._index_rows(src, entry)
