@@ -444,25 +444,20 @@ class Catalog:
         ref = self.videos[vid]
         src = self.sources[ref.source]
         e = ref.entry
+        facts: tuple[int, float, int, int, str, str]
         if e is not None:
-            return dict(
-                n=e.n,
-                fps=e.fps,
-                height=e.h,
-                width=e.w,
-                codec=e.codec,
-                colorspace=e.colorspace,
-                source=src.path,
-                member=ref.member,
-            )
-        t = self.track(vid)
+            facts = (e.n, e.fps, e.h, e.w, e.codec, e.colorspace)
+        else:
+            t = self.track(vid)
+            facts = (t.n, t.fps, t.height, t.width, t.codec, t.colorspace)
+        n, fps, height, width, codec, colorspace = facts
         return dict(
-            n=t.n,
-            fps=t.fps,
-            height=t.height,
-            width=t.width,
-            codec=t.codec,
-            colorspace=t.colorspace,
+            n=n,
+            fps=fps,
+            height=height,
+            width=width,
+            codec=codec,
+            colorspace=colorspace,
             source=src.path,
             member=ref.member,
         )
