@@ -118,11 +118,20 @@ def reference_clip(
     return np.stack(out)
 
 
-@pytest.mark.parametrize("name", list(SPECS))
-def test_clips_match_reference(corpus: Corpus, name: str) -> None:
+# Sizes: 64 resizes every plane (1.5x); 48 (49 for the 98-wide video) halves luma exactly, so the
+# chroma window is used as it is; 30 shrinks luma 3.2x (box prefilter, then bilinear). At 2x and
+# more, the box prefilter and Pillow's wider triangle filter part on these noise-like 96-pixel
+# frames (37-38 dB); on natural 512p content they agree at 52 dB. A misplaced window or a
+# half-pixel shift falls far below either bound.
+SIZES = [(name, 64) for name in SPECS] + [("av1", 48), ("h264_tall_odd_chroma", 49), ("h264", 30)]
+MIN_PSNR = {64: 40, 48: 36, 49: 36, 30: 36}
+
+
+@pytest.mark.parametrize(("name", "size"), SIZES)
+def test_clips_match_reference(corpus: Corpus, name: str, size: int) -> None:
     member = f"{name}.mp4"
     vid = corpus.names.index(member)
-    with Reader(corpus.zip, size=64, threads=2, hflip=0.5, vflip=0.5, seed=3) as reader:
+    with Reader(corpus.zip, size=size, threads=2, hflip=0.5, vflip=0.5, seed=3) as reader:
         info = reader.info(vid)
         assert info.member == member
         rng = np.random.default_rng(0)
@@ -130,14 +139,16 @@ def test_clips_match_reference(corpus: Corpus, name: str) -> None:
         items.append((vid, [info.n - 1, 0, info.n // 2, 0]))  # unsorted with a repeat
         items[-1] = (vid, items[-1][1] + items[-1][1][:2])
         batch = reader.read(items)
-    assert batch.video.shape == (4, 6, 3, 64, 64)
+    assert batch.video.shape == (4, 6, 3, size, size)
     assert batch.flips.any(), "with p=0.5 some of 4 clips should flip"
     bt709 = name.endswith("bt709")
     assert batch.colorspaces[0] == ("bt709" if bt709 else "bt601")
     for i, (_, frames) in enumerate(items):
-        ref = reference_clip(corpus.data[member], frames, batch.crops[i], batch.flips[i], 64, bt709)
+        ref = reference_clip(
+            corpus.data[member], frames, batch.crops[i], batch.flips[i], size, bt709
+        )
         for t in range(len(frames)):
-            assert psnr(batch.video[i, t], ref[t]) >= 40, (name, i, t, frames[t])
+            assert psnr(batch.video[i, t], ref[t]) >= MIN_PSNR[size], (name, i, t, frames[t])
 
 
 def test_display_order_is_exact_on_b_frames(corpus: Corpus) -> None:

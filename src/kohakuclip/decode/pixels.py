@@ -79,6 +79,11 @@ def resize_plane(src: np.ndarray, dst: np.ndarray) -> None:
     cv2.resize(src, (ow, oh), dst=dst, interpolation=cv2.INTER_LINEAR)
 
 
+def _resized(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    resize_plane(src, dst)
+    return dst
+
+
 def frame_planes(frame: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Zero-copy Y, U, V views of a decoded 8-bit 4:2:0 PyAV frame (other formats converted)."""
     fmt = frame.format.name  # type: ignore[attr-defined]
@@ -171,9 +176,11 @@ class PixelWriter:
             _chroma_window(v, crop),
         )
         if self.mode == "rgb":
-            for src, out in zip(windows, (self._y, self._u, self._v)):
-                resize_plane(src, out)
-            cv2.merge([self._y, self._u, self._v], dst=self._yuv)
+            sized = [
+                src if src.shape == out.shape else _resized(src, out)
+                for src, out in zip(windows, (self._y, self._u, self._v))
+            ]
+            cv2.merge(sized, dst=self._yuv)
             yuv = self._yuv
             if hflip or vflip:
                 cv2.flip(self._yuv, _flip_code(hflip, vflip), dst=self._flipped)
