@@ -6,7 +6,9 @@
 Every implementation reads the same items (drawn once here) in its own process, one after the
 other, ``--rounds`` times interleaved, keeping each one's best: the ratios are side by side.
 ``ms/frame``: wall time x threads / output frames; ``cpu ms``: process CPU time / output frames
-(steadier on a shared machine); ``dec/out``: frames decoded per output frame. Without sources,
+(steadier on a shared machine); ``dec/out``: frames decoded per output frame. ``--paired N``
+adds, at 1 thread, ratios to the reference from N runs where both run at the same time on a core
+each (swapped every round), the median kept: the steadiest comparison here. Without sources,
 ``--make N`` writes N natural-looking synthetic videos (benchmarks/content.py) into default AV1
 shards first (kept in ``--workdir``).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,14 +96,58 @@ json.dump({"wall": wall, "cpu": cpu, "stats": {}}, sys.stdout)
 """
 
 
-def run(python: str, code: str, spec: dict) -> dict:
+def _start(python: str, code: str, spec: dict, cpu: int | None = None) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [python, "-c", code], input=json.dumps(spec), capture_output=True, text=True, env=env
+    proc = subprocess.Popen(
+        [python, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
+    if cpu is not None:
+        os.sched_setaffinity(proc.pid, {cpu})
+    return proc
+
+
+def _finish(proc: subprocess.Popen, spec: dict) -> dict:
+    out, err = proc.communicate(json.dumps(spec))
     if proc.returncode:
-        raise RuntimeError(f"{python} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{proc.args[0]} failed:\n{err[-3000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run(python: str, code: str, spec: dict) -> dict:
+    return _finish(_start(python, code, spec), spec)
+
+
+def run_pair(a: tuple[str, str, dict], b: tuple[str, str, dict], swap: bool) -> tuple[dict, dict]:
+    """Run two workers at the same time, each pinned to its own core (swapped when ``swap``):
+    both see the same moments of a shared machine's noise."""
+    cpus = (1, 0) if swap else (0, 1)
+    pa, pb = _start(*a, cpu=cpus[0]), _start(*b, cpu=cpus[1])
+    return _finish(pa, a[2]), _finish(pb, b[2])
+
+
+def _paired_label(label: str) -> str:
+    return "paired: " + (label.removeprefix("kohakuclip").strip() or "closure")
+
+
+def paired_ratios(impls: list, base: dict, rounds: int) -> dict[str, float]:
+    """Median over rounds of (CPU time / the reference's CPU time in the same paired run);
+    ``impls`` ends with the reference."""
+    _, ref_python, ref_code, ref_extra = impls[-1]
+    ratios: dict[str, list[float]] = {}
+    for r in range(rounds):
+        for label, python, code, extra in impls[:-1]:
+            mine, ref = run_pair(
+                (python, code, {**base, **extra}),
+                (ref_python, ref_code, {**base, **ref_extra}),
+                swap=bool(r % 2),
+            )
+            ratios.setdefault(label, []).append(mine["cpu"] / ref["cpu"])
+    return {label: statistics.median(v) for label, v in ratios.items()}
 
 
 def draw_items(sources: list[str], spec: dict, clips: int, seed: int) -> list:
@@ -122,15 +169,20 @@ def draw_items(sources: list[str], spec: dict, clips: int, seed: int) -> list:
     return items
 
 
-def make_sources(n: int, out: str, codec: str) -> list[str]:
-    """Natural-looking synthetic videos (benchmarks/content.py), written as default shards."""
+def make_sources(n: int, out: str, codec: str, width: int = 910, height: int = 512) -> list[str]:
+    """Natural-looking synthetic videos (benchmarks/content.py), written as default shards.
+
+    910x512 is the stored geometry of the real footage the seed measured (720p sources, short
+    side capped at 512): decode cost per frame, and so the share of the pixel work, follow it.
+    """
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from content import natural_videos
 
     from kohakuclip.write.shards import write
 
-    videos = natural_videos(os.path.join(out, "sources"), n)
-    shards = os.path.join(out, f"shards_{codec}")
+    geometry = f"{width}x{height}"
+    videos = natural_videos(os.path.join(out, f"sources_{geometry}"), n, width=width, height=height)
+    shards = os.path.join(out, f"shards_{codec}_{geometry}")
     if not os.path.isdir(shards):
         write(shards, videos, codec=codec, per_shard=max(1, n // 2), progress=True)
     return sorted(os.path.join(shards, f) for f in os.listdir(shards) if f.startswith("shard_"))
@@ -145,10 +197,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved repeats (best is kept)")
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--reference", help="python that imports KohakuClip 1.0.0")
+    ap.add_argument(
+        "--paired",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="at 1 thread, also run each of ours beside the reference, one core each, cores "
+        "swapped every round: the median CPU ratio of ROUNDS simultaneous runs",
+    )
     ap.add_argument("--no-naive", action="store_true", help="skip the naive PyAV loop")
     ap.add_argument("--skip-compare", action="store_true", help="also run ours with skip=False")
     ap.add_argument("--make", type=int, default=12, help="sample videos to write without sources")
     ap.add_argument("--codec", default="av1", help="codec of the made shards")
+    ap.add_argument("--geometry", default="910x512", help="WxH of the made videos")
     ap.add_argument(
         "--workdir",
         default=os.path.join(tempfile.gettempdir(), "kc-bench"),
@@ -156,7 +217,8 @@ def main() -> None:
     )
     ap.add_argument("--specs", nargs="+", default=list(SPECS), choices=list(SPECS))
     args = ap.parse_args()
-    sources = args.sources or make_sources(args.make, args.workdir, args.codec)
+    width, height = (int(v) for v in args.geometry.split("x"))
+    sources = args.sources or make_sources(args.make, args.workdir, args.codec, width, height)
     print(f"sources: {sources}  size {args.size}  clips {args.clips}  batch {args.batch}")
     print(f"machine: {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
     header = (
@@ -217,6 +279,13 @@ def main() -> None:
                     f"{name:<12} {'ratio ours / reference':<22} {threads:>3} {'':>8} "
                     f"{ours[0] / ref[0]:>9.2f} {ours[1] / ref[1]:>7.2f}"
                 )
+                if args.paired and threads == 1 and (os.cpu_count() or 1) >= 2:
+                    pairs = [i for i in impls if i[0] != "naive PyAV loop"]
+                    for label, ratio in paired_ratios(pairs, base, args.paired).items():
+                        print(
+                            f"{name:<12} {_paired_label(label):<22} {threads:>3}"
+                            f" {'':>8} {'':>9} {ratio:>7.2f}"
+                        )
 
 
 if __name__ == "__main__":
