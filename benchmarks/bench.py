@@ -8,9 +8,9 @@ other, ``--rounds`` times interleaved, keeping each one's best: the ratios are s
 ``ms/frame``: wall time x threads / output frames; ``cpu ms``: process CPU time / output frames
 (steadier on a shared machine); ``dec/out``: frames decoded per output frame. ``--paired N``
 adds, at 1 thread, ratios to the reference from N runs where both run at the same time on a core
-each (swapped every round), the median kept: the steadiest comparison here. Without sources,
-``--make N`` writes N natural-looking synthetic videos (benchmarks/content.py) into default AV1
-shards first (kept in ``--workdir``).
+each (swapped every round, geometric mean): the steadiest comparison on a shared machine.
+Without sources, ``--make N`` writes N natural-looking synthetic videos (benchmarks/content.py,
+910x512 by default) into default AV1 shards first (kept in ``--workdir``).
 """
 
 from __future__ import annotations
@@ -135,11 +135,12 @@ def _paired_label(label: str) -> str:
 
 
 def paired_ratios(impls: list, base: dict, rounds: int) -> dict[str, float]:
-    """Median over rounds of (CPU time / the reference's CPU time in the same paired run);
-    ``impls`` ends with the reference."""
+    """Geometric mean over rounds of (CPU time / the reference's CPU time in the same paired
+    run); ``impls`` ends with the reference. Rounds come in pairs, cores swapped, so a constant
+    speed difference between the two cores cancels out."""
     _, ref_python, ref_code, ref_extra = impls[-1]
     ratios: dict[str, list[float]] = {}
-    for r in range(rounds):
+    for r in range(rounds + rounds % 2):
         for label, python, code, extra in impls[:-1]:
             mine, ref = run_pair(
                 (python, code, {**base, **extra}),
@@ -147,7 +148,7 @@ def paired_ratios(impls: list, base: dict, rounds: int) -> dict[str, float]:
                 swap=bool(r % 2),
             )
             ratios.setdefault(label, []).append(mine["cpu"] / ref["cpu"])
-    return {label: statistics.median(v) for label, v in ratios.items()}
+    return {label: statistics.geometric_mean(v) for label, v in ratios.items()}
 
 
 def draw_items(sources: list[str], spec: dict, clips: int, seed: int) -> list:
@@ -203,7 +204,7 @@ def main() -> None:
         default=0,
         metavar="ROUNDS",
         help="at 1 thread, also run each of ours beside the reference, one core each, cores "
-        "swapped every round: the median CPU ratio of ROUNDS simultaneous runs",
+        "swapped every round: the geometric mean CPU ratio of ROUNDS simultaneous runs",
     )
     ap.add_argument("--no-naive", action="store_true", help="skip the naive PyAV loop")
     ap.add_argument("--skip-compare", action="store_true", help="also run ours with skip=False")
