@@ -96,7 +96,7 @@ json.dump({"wall": wall, "cpu": cpu, "stats": {}}, sys.stdout)
 """
 
 
-def _start(python: str, code: str, spec: dict, cpu: int | None = None) -> subprocess.Popen:
+def _start(python: str, code: str, cpu: int | None = None) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
         [python, "-c", code],
@@ -119,14 +119,14 @@ def _finish(proc: subprocess.Popen, spec: dict) -> dict:
 
 
 def run(python: str, code: str, spec: dict) -> dict:
-    return _finish(_start(python, code, spec), spec)
+    return _finish(_start(python, code), spec)
 
 
 def run_pair(a: tuple[str, str, dict], b: tuple[str, str, dict], swap: bool) -> tuple[dict, dict]:
     """Run two workers at the same time, each pinned to its own core (swapped when ``swap``):
     both see the same moments of a shared machine's noise."""
     cpus = (1, 0) if swap else (0, 1)
-    pa, pb = _start(*a, cpu=cpus[0]), _start(*b, cpu=cpus[1])
+    pa, pb = _start(*a[:2], cpu=cpus[0]), _start(*b[:2], cpu=cpus[1])
     return _finish(pa, a[2]), _finish(pb, b[2])
 
 
