@@ -1,7 +1,9 @@
 """Turn a decoded YUV frame into output pixels: crop window, resize, colour conversion, flips.
 
-The crop window is resized plane by plane (only the window is read), then converted with the
-video's own matrix and range. Every OpenCV call releases the GIL and writes into reused buffers.
+The crop window is resized plane by plane (only the window is read; OpenCV), then converted with
+the video's own matrix and range straight into the planar output (``_planar_rgb``, numba). A
+window that already has the output size, or exactly twice it in luma (a 2x2 box), goes to the
+conversion as it is. Every step releases the GIL and writes into reused buffers.
 """
 
 from __future__ import annotations
@@ -79,21 +81,18 @@ def resize_plane(src: np.ndarray, dst: np.ndarray) -> None:
     cv2.resize(src, (ow, oh), dst=dst, interpolation=cv2.INTER_LINEAR)
 
 
-def _resized(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    resize_plane(src, dst)
-    return dst
-
-
 def frame_planes(frame: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Zero-copy Y, U, V views of a decoded 8-bit 4:2:0 PyAV frame (other formats converted)."""
+    """Zero-copy Y, U, V arrays of a decoded 8-bit 4:2:0 PyAV frame (other formats converted).
+
+    Whole rows, line padding included: C-contiguous, which the RGB conversion needs to run at
+    full speed. Read them through a crop window inside the frame."""
     fmt = frame.format.name  # type: ignore[attr-defined]
     if fmt not in ("yuv420p", "yuvj420p"):
         frame = frame.reformat(format="yuv420p")  # type: ignore[attr-defined]
-    views = []
-    for plane in frame.planes:  # type: ignore[attr-defined]
-        arr = np.frombuffer(plane, dtype=np.uint8).reshape(plane.height, plane.line_size)
-        views.append(arr[:, : plane.width])
-    y, u, v = views
+    y, u, v = (
+        np.frombuffer(plane, dtype=np.uint8).reshape(plane.height, plane.line_size)
+        for plane in frame.planes  # type: ignore[attr-defined]
+    )
     return y, u, v
 
 
@@ -136,12 +135,14 @@ class PixelWriter:
         self.window = window
         s = size
         if mode == "rgb":
+            # numba loads on first use, so that importing kohakuclip stays quick
+            from kohakuclip.decode import _planar_rgb
+
+            self._planar_rgb = _planar_rgb.planar_rgb
+            self._planar_rgb_box2 = _planar_rgb.planar_rgb_box2
             self._y = np.empty((s, s), np.uint8)
             self._u = np.empty((s, s), np.uint8)
             self._v = np.empty((s, s), np.uint8)
-            self._yuv = np.empty((s, s, 3), np.uint8)
-            self._flipped = np.empty((s, s, 3), np.uint8)
-            self._rgb = np.empty((s, s, 3), np.uint8)
         self._matrices: dict[tuple[str, bool], np.ndarray] = {}
 
     @staticmethod
@@ -176,17 +177,10 @@ class PixelWriter:
             _chroma_window(v, crop),
         )
         if self.mode == "rgb":
-            sized = [
-                src if src.shape == out.shape else _resized(src, out)
-                for src, out in zip(windows, (self._y, self._u, self._v))
-            ]
-            cv2.merge(sized, dst=self._yuv)
-            yuv = self._yuv
-            if hflip or vflip:
-                cv2.flip(self._yuv, _flip_code(hflip, vflip), dst=self._flipped)
-                yuv = self._flipped
-            cv2.transform(yuv, self._matrix(colorspace, full_range), dst=self._rgb)
-            cv2.split(self._rgb, [dst[0], dst[1], dst[2]])
+            self._write_rgb(planes, windows, crop, self._matrix(colorspace, full_range), vflip, dst)
+            if hflip:
+                for plane in dst:
+                    cv2.flip(plane, 1, dst=plane)
         elif self.mode == "yuv_resized":
             for src, out in zip(windows, yuv420_planes(dst, self.size)):
                 resize_plane(src, out)
@@ -195,3 +189,30 @@ class PixelWriter:
         else:
             for src, out in zip(windows, yuv420_planes(dst, self.window)):
                 out[: src.shape[0], : src.shape[1]] = src
+
+    def _write_rgb(
+        self,
+        planes: tuple[np.ndarray, np.ndarray, np.ndarray],
+        windows: tuple[np.ndarray, np.ndarray, np.ndarray],
+        crop: Crop,
+        matrix: np.ndarray,
+        vflip: bool,
+        dst: np.ndarray,
+    ) -> None:
+        """Resize what needs it into the scratch planes, then convert into ``dst`` (vflipped)."""
+        s = self.size
+        y, u, v = planes
+        cy, cx = crop.y // 2, crop.x // 2
+        if not (windows[1].shape == (s, s) and u.flags.c_contiguous and v.flags.c_contiguous):
+            resize_plane(windows[1], self._u)
+            resize_plane(windows[2], self._v)
+            u, v, cy, cx = self._u, self._v, 0, 0
+        pairs = crop.x % 2 == 0 and y.shape[1] % 2 == 0 and y.flags.c_contiguous
+        if crop.w == crop.h == 2 * s and pairs:
+            luma16 = y.view(np.uint16)
+            self._planar_rgb_box2(luma16, crop.y, crop.x // 2, u, v, cy, cx, matrix, vflip, dst)
+            return
+        if not (crop.w == crop.h == s and y.flags.c_contiguous):
+            resize_plane(windows[0], self._y)
+            y, crop = self._y, Crop(0, 0, s, s)
+        self._planar_rgb(y, crop.y, crop.x, u, v, cy, cx, matrix, vflip, dst)
