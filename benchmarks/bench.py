@@ -7,8 +7,9 @@ Every implementation reads the same items (drawn once here) in its own process, 
 other, ``--rounds`` times interleaved, keeping each one's best: the ratios are side by side.
 ``ms/frame``: wall time x threads / output frames; ``cpu ms``: process CPU time / output frames
 (steadier on a shared machine); ``dec/out``: frames decoded per output frame. ``--paired N``
-adds, at 1 thread, ratios to the reference from N runs where both run at the same time on a core
-each (swapped every round, geometric mean): the steadiest comparison on a shared machine.
+adds ratios to the reference from N runs where both run at the same time (1 thread: on a core
+each, swapped every round; more threads: sharing the cores), geometric mean and range: the
+steadiest comparison on a shared machine.
 Without sources, ``--make N`` writes N natural-looking synthetic videos (benchmarks/content.py,
 910x512 by default) into default AV1 shards first (kept in ``--workdir``).
 """
@@ -122,11 +123,20 @@ def run(python: str, code: str, spec: dict) -> dict:
     return _finish(_start(python, code), spec)
 
 
-def run_pair(a: tuple[str, str, dict], b: tuple[str, str, dict], swap: bool) -> tuple[dict, dict]:
-    """Run two workers at the same time, each pinned to its own core (swapped when ``swap``):
-    both see the same moments of a shared machine's noise."""
-    cpus = (1, 0) if swap else (0, 1)
-    pa, pb = _start(*a[:2], cpu=cpus[0]), _start(*b[:2], cpu=cpus[1])
+def run_pair(
+    a: tuple[str, str, dict], b: tuple[str, str, dict], swap: bool, pin: bool
+) -> tuple[dict, dict]:
+    """Run two workers at the same time, so that both see the same moments of a shared
+    machine's noise: each pinned to its own core (swapped when ``swap``), or, unpinned, sharing
+    every core (started in swapped order when ``swap``)."""
+    if pin:
+        cpus = (1, 0) if swap else (0, 1)
+        pa, pb = _start(*a[:2], cpu=cpus[0]), _start(*b[:2], cpu=cpus[1])
+    elif swap:
+        pb = _start(*b[:2])
+        pa = _start(*a[:2])
+    else:
+        pa, pb = _start(*a[:2]), _start(*b[:2])
     return _finish(pa, a[2]), _finish(pb, b[2])
 
 
@@ -134,10 +144,12 @@ def _paired_label(label: str) -> str:
     return "paired: " + (label.removeprefix("kohakuclip").strip() or "closure")
 
 
-def paired_ratios(impls: list, base: dict, rounds: int) -> dict[str, float]:
-    """Geometric mean over rounds of (CPU time / the reference's CPU time in the same paired
-    run); ``impls`` ends with the reference. Rounds come in pairs, cores swapped, so a constant
-    speed difference between the two cores cancels out."""
+def paired_ratios(
+    impls: list, base: dict, rounds: int, pin: bool
+) -> dict[str, tuple[float, float, float]]:
+    """Per label: geometric mean, lowest and highest over rounds of (CPU time / the reference's
+    CPU time in the same paired run); ``impls`` ends with the reference. Rounds come in pairs,
+    swapped, so a constant speed difference between the two cores cancels out."""
     _, ref_python, ref_code, ref_extra = impls[-1]
     ratios: dict[str, list[float]] = {}
     for r in range(rounds + rounds % 2):
@@ -146,9 +158,10 @@ def paired_ratios(impls: list, base: dict, rounds: int) -> dict[str, float]:
                 (python, code, {**base, **extra}),
                 (ref_python, ref_code, {**base, **ref_extra}),
                 swap=bool(r % 2),
+                pin=pin,
             )
             ratios.setdefault(label, []).append(mine["cpu"] / ref["cpu"])
-    return {label: statistics.geometric_mean(v) for label, v in ratios.items()}
+    return {label: (statistics.geometric_mean(v), min(v), max(v)) for label, v in ratios.items()}
 
 
 def draw_items(sources: list[str], spec: dict, clips: int, seed: int) -> list:
@@ -203,8 +216,9 @@ def main() -> None:
         type=int,
         default=0,
         metavar="ROUNDS",
-        help="at 1 thread, also run each of ours beside the reference, one core each, cores "
-        "swapped every round: the geometric mean CPU ratio of ROUNDS simultaneous runs",
+        help="also run each of ours beside the reference, at the same time (1 thread: a core "
+        "each, swapped every round; more: sharing the cores): the geometric mean CPU ratio of "
+        "ROUNDS simultaneous runs, and its range",
     )
     ap.add_argument("--no-naive", action="store_true", help="skip the naive PyAV loop")
     ap.add_argument("--skip-compare", action="store_true", help="also run ours with skip=False")
@@ -280,12 +294,15 @@ def main() -> None:
                     f"{name:<12} {'ratio ours / reference':<22} {threads:>3} {'':>8} "
                     f"{ours[0] / ref[0]:>9.2f} {ours[1] / ref[1]:>7.2f}"
                 )
-                if args.paired and threads == 1 and (os.cpu_count() or 1) >= 2:
+                if args.paired and (os.cpu_count() or 1) >= 2:
                     pairs = [i for i in impls if i[0] != "naive PyAV loop"]
-                    for label, ratio in paired_ratios(pairs, base, args.paired).items():
+                    pin = threads == 1
+                    for label, (mean, lo, hi) in paired_ratios(
+                        pairs, base, args.paired, pin
+                    ).items():
                         print(
                             f"{name:<12} {_paired_label(label):<22} {threads:>3}"
-                            f" {'':>8} {'':>9} {ratio:>7.2f}"
+                            f" {'':>8} {'':>9} {mean:>7.2f}  ({lo:.2f}-{hi:.2f})"
                         )
 
 
