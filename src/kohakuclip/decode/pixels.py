@@ -89,11 +89,12 @@ def frame_planes(frame: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     fmt = frame.format.name  # type: ignore[attr-defined]
     if fmt not in ("yuv420p", "yuvj420p"):
         frame = frame.reformat(format="yuv420p")  # type: ignore[attr-defined]
-    y, u, v = (
-        np.frombuffer(plane, dtype=np.uint8).reshape(plane.height, plane.line_size)
-        for plane in frame.planes  # type: ignore[attr-defined]
+    py, pu, pv = frame.planes  # type: ignore[attr-defined]
+    return (
+        np.ndarray((py.height, py.line_size), np.uint8, py),
+        np.ndarray((pu.height, pu.line_size), np.uint8, pu),
+        np.ndarray((pv.height, pv.line_size), np.uint8, pv),
     )
-    return y, u, v
 
 
 def _chroma_window(c: np.ndarray, crop: Crop) -> np.ndarray:

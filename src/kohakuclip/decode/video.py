@@ -9,7 +9,7 @@ wanted frames whatever the decode order.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from time import thread_time
 from typing import Any
 
@@ -46,7 +46,7 @@ class ClipDecoder:
 
     def __init__(self) -> None:
         self._contexts: dict[str, Any] = {}
-        self.seconds = {"read": 0.0, "decode": 0.0}  # thread CPU time in preads and the decoder
+        self.seconds = {"read": 0.0, "decode": 0.0, "pixels": 0.0}  # thread CPU time per stage
 
     def _context(self, codec: str) -> Any:
         ctx = self._contexts.get(codec)
@@ -72,10 +72,31 @@ class ClipDecoder:
     ) -> int:
         """Feed every planned packet; calls ``on_frame(frame, display_index)`` for wanted frames.
 
-        Returns the number of frames the decoder produced.
+        Returns the number of frames the decoder produced. Thread CPU time goes to
+        ``seconds``: ``read`` (preads), ``pixels`` (in ``on_frame``), ``decode`` (the rest).
         """
         ctx = self._context(track.codec)
         targets = plan.targets
+        seconds = self.seconds
+        started, read_before = thread_time(), seconds["read"]
+        in_callbacks = 0.0
+        produced = 0
+        for packet in self._packets(track, plan, fd):
+            for frame in ctx.decode(packet):
+                produced += 1
+                display = frame.pts
+                if display in targets:
+                    start = thread_time()
+                    on_frame(frame, display)
+                    in_callbacks += thread_time() - start
+        ctx.flush_buffers()
+        seconds["pixels"] += in_callbacks
+        elapsed = thread_time() - started
+        seconds["decode"] += elapsed - in_callbacks - (seconds["read"] - read_before)
+        return produced
+
+    def _packets(self, track: VideoTrack, plan: ClipPlan, fd: int) -> Iterator[av.Packet | None]:
+        """The plan's packets (display index as pts), one pread per GOP, then None (drain)."""
         annexb = None
         if track.nal_length_size:
             from kohakuclip.codecs.annexb import to_annexb
@@ -83,18 +104,6 @@ class ClipDecoder:
             annexb = to_annexb
         prefix = track.prefix
         seconds = self.seconds
-        produced = 0
-
-        def feed(packet: av.Packet | None) -> None:
-            nonlocal produced
-            start = thread_time()
-            frames = ctx.decode(packet)
-            seconds["decode"] += thread_time() - start
-            produced += len(frames)
-            for frame in frames:
-                if frame.pts in targets:
-                    on_frame(frame, frame.pts)
-
         for gop in plan.reads:
             start = thread_time()
             buf = os.pread(fd, gop.length, gop.offset)
@@ -120,7 +129,5 @@ class ClipDecoder:
                 first = False
                 packet = av.Packet(data)  # type: ignore[arg-type]
                 packet.pts = display
-                feed(packet)
-        feed(None)  # drain
-        ctx.flush_buffers()
-        return produced
+                yield packet
+        yield None

@@ -65,7 +65,7 @@ class _Worker:
         self.pixels = PixelWriter(size, mode, window)
         self.size, self.mode, self.window = size, mode, window
         self._jpeg: ImageDecoder | None = None
-        self.seconds = {"plan": 0.0, "pixels": 0.0}
+        self.seconds = {"plan": 0.0}
 
     @property
     def jpeg(self) -> ImageDecoder:
@@ -307,7 +307,6 @@ class Reader:
         def on_frame(frame: Any, display: int) -> None:
             if display in written:
                 return
-            start = thread_time()
             positions = plan.targets[display]
             pixels.write(
                 frame_planes(frame), crop, hflip, vflip, colorspace, full_range, out[positions[0]]
@@ -315,7 +314,6 @@ class Reader:
             for t in positions[1:]:
                 out[t] = out[positions[0]]
             written[display] = positions[0]
-            worker.seconds["pixels"] += thread_time() - start
 
         with files.open(track.path) as fd:
             worker.decoder.decode(track, plan, fd, on_frame)
