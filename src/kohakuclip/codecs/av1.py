@@ -195,22 +195,33 @@ class ClipFeed:
     total: int  # frames from the start sample through the last wanted one
 
 
-def closure(frames: np.ndarray, start: int, wanted: Iterable[int]) -> ClipFeed:
+def sample_rows(frames: np.ndarray, samples: int) -> np.ndarray:
+    """Per sample ``0..samples`` (one past the last too), the row of its first frame record."""
+    return np.searchsorted(frames["sample"], np.arange(samples + 1), "left")
+
+
+def closure(
+    frames: np.ndarray, start: int, wanted: Iterable[int], rows: np.ndarray | None = None
+) -> ClipFeed:
     """The minimal feed from sample ``start`` (a key frame) that outputs every wanted sample.
 
-    ``frames``: the video's AV1_FRAME_RECORDs. Each wanted sample's shown frame comes out of
-    the decoder exactly once; frames outside the wanted set come out too when a wanted frame
-    needs them and they are shown (``outputs`` lists every sample that comes out). Each fed
-    sample starts with its OBUs before the first frame (temporal delimiter, sequence header).
+    ``frames``: the video's AV1_FRAME_RECORDs (``rows``: their ``sample_rows``, to skip two
+    binary searches per call). Each wanted sample's shown frame comes out of the decoder exactly
+    once; frames outside the wanted set come out too when a wanted frame needs them and they
+    are shown (``outputs`` lists every sample that comes out). Each fed sample starts with its
+    OBUs before the first frame (temporal delimiter, sequence header).
     """
     want = sorted(set(wanted))
     if not want:
         return ClipFeed((), (), 0, 0)
     if want[0] < start:
         raise ValueError(f"wanted sample {want[0]} comes before the start sample {start}")
-    column = frames["sample"]
-    lo = int(np.searchsorted(column, start, "left"))
-    hi = int(np.searchsorted(column, want[-1] + 1, "left"))
+    if rows is not None and want[-1] + 1 < len(rows):
+        lo, hi = int(rows[start]), int(rows[want[-1] + 1])
+    else:
+        column = frames["sample"]
+        lo = int(np.searchsorted(column, start, "left"))
+        hi = int(np.searchsorted(column, want[-1] + 1, "left"))
     part = frames[lo:hi]
     samples = part["sample"].tolist()
     flags = part["flags"].tolist()

@@ -150,19 +150,23 @@ def _closure_packets(
 ) -> tuple[list[tuple[Pieces, int]], int]:
     """Only the frames the wanted frames transitively reference (AV1 dependency table)."""
     assert track.av1_frames is not None
-    feed = closure(track.av1_frames, first, wanted.tolist())
+    feed = closure(track.av1_frames, first, wanted.tolist(), track.av1_rows)
+    display = track.display
+    at_sample = starts.tolist()
     packets: list[tuple[Pieces, int]] = []
     current = -1
     pieces: list[tuple[int, int]] = []
     for sample, a, b in feed.ranges:
         if sample != current:
             if pieces:
-                packets.append((tuple(pieces), _display(track, np.array([current]))[0]))
+                packets.append(
+                    (tuple(pieces), current if display is None else int(display[current]))
+                )
             current, pieces = sample, []
-        at = int(starts[sample - first])
+        at = at_sample[sample - first]
         pieces.append((at + a, at + b))
     if pieces:
-        packets.append((tuple(pieces), _display(track, np.array([current]))[0]))
+        packets.append((tuple(pieces), current if display is None else int(display[current])))
     return packets, feed.decoded
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kohakuclip.codecs.av1 import Av1Deps, Av1ParseError, analyze
+from kohakuclip.codecs.av1 import Av1Deps, Av1ParseError, analyze, sample_rows
 from kohakuclip.formats import (
     AV1_DEPS_KEY,
     AV1_DEPS_MAGIC,
@@ -75,11 +75,15 @@ class VideoTrack:
     decode_of_display: np.ndarray | None = None  # display index -> decode index
     key_positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     av1_frames: np.ndarray | None = None  # AV1_FRAME_RECORDs: per-frame dependencies
+    # per sample (and one past the last), the row of its first AV1_FRAME_RECORD
+    av1_rows: np.ndarray | None = None
     n: int = 0  # frames shown
 
     def __post_init__(self) -> None:
         self.key_positions = np.flatnonzero(self.keyframe)
         self.n = len(self.sizes)
+        if self.av1_frames is not None:
+            self.av1_rows = sample_rows(self.av1_frames, self.n)
         if self.display is not None and not np.array_equal(self.display, np.arange(self.n)):
             shown = np.flatnonzero(self.display >= 0)
             self.n = len(shown)
