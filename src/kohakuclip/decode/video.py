@@ -14,9 +14,15 @@ from time import thread_time
 from typing import Any
 
 import av
+import numpy as np
 
-from kohakuclip.read.plan import ClipPlan
+from kohakuclip.codecs.av1_syntax import iter_obus, parse_sequence_header
+from kohakuclip.decode import _dav1d
+from kohakuclip.decode.pixels import frame_planes
+from kohakuclip.read.plan import ClipPlan, GopRead
 from kohakuclip.storage.catalog import VideoTrack
+
+Planes = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 _DECODERS = {"av1": "libdav1d", "h264": "h264", "hevc": "hevc"}
 
@@ -41,11 +47,28 @@ def _has_sequence_header(sample: bytes | memoryview) -> bool:
     return False
 
 
-class ClipDecoder:
-    """One thread's decoders; feeds a ClipPlan and hands each wanted frame to a callback."""
+def _is_8bit_420(prefix: bytes) -> bool:
+    """True when the AV1 sequence header in ``prefix`` announces 8-bit 4:2:0 pictures."""
+    try:
+        obu = next(o for o in iter_obus(prefix) if o.type == 1)
+        seq = parse_sequence_header(prefix[obu.payload : obu.end])
+    except Exception:
+        return False
+    return (
+        seq.bit_depth == 8 and not seq.mono_chrome and seq.subsampling_x == seq.subsampling_y == 1
+    )
 
-    def __init__(self) -> None:
+
+class ClipDecoder:
+    """One thread's decoders; feeds a ClipPlan and hands each wanted frame's planes to a
+    callback. 8-bit 4:2:0 AV1 goes straight to libdav1d (``_dav1d``) when its library is found,
+    everything else through PyAV; both give the same pixels."""
+
+    def __init__(self, use_dav1d: bool = True) -> None:
         self._contexts: dict[str, Any] = {}
+        self._use_dav1d = use_dav1d
+        self._dav1d: _dav1d.Dav1dDecoder | None = None
+        self._direct: dict[bytes, bool] = {}  # sequence header -> libdav1d path applies
         self.seconds = {"read": 0.0, "decode": 0.0, "pixels": 0.0}  # thread CPU time per stage
 
     def _context(self, codec: str) -> Any:
@@ -62,23 +85,54 @@ class ClipDecoder:
     def reset(self, codec: str) -> None:
         """Drop a decoder that may be in a bad state after an error."""
         self._contexts.pop(codec, None)
+        if codec == "av1":
+            self._dav1d = None
+
+    def _direct_decoder(self, track: VideoTrack) -> _dav1d.Dav1dDecoder | None:
+        """The libdav1d decoder when it can take this track, else None."""
+        if not self._use_dav1d or track.codec != "av1" or not track.prefix:
+            return None
+        direct = self._direct.get(track.prefix)
+        if direct is None:
+            direct = self._direct[track.prefix] = (
+                _is_8bit_420(track.prefix) and _dav1d.library() is not None
+            )
+        if not direct:
+            return None
+        if self._dav1d is None:
+            self._dav1d = _dav1d.Dav1dDecoder(_dav1d.library())
+        return self._dav1d
 
     def decode(
         self,
         track: VideoTrack,
         plan: ClipPlan,
         fd: int,
-        on_frame: Callable[[av.VideoFrame, int], None],
+        on_frame: Callable[[Planes, int], None],
     ) -> int:
-        """Feed every planned packet; calls ``on_frame(frame, display_index)`` for wanted frames.
+        """Feed every planned packet; calls ``on_frame(planes, display_index)`` for wanted
+        frames (Y, U, V arrays over whole rows, valid during the call).
 
         Returns the number of frames the decoder produced. Thread CPU time goes to
         ``seconds``: ``read`` (preads), ``pixels`` (in ``on_frame``), ``decode`` (the rest).
         """
-        ctx = self._context(track.codec)
-        targets = plan.targets
         seconds = self.seconds
         started, read_before = thread_time(), seconds["read"]
+        direct = self._direct_decoder(track)
+        if direct is not None:
+            produced, in_callbacks = self._decode_direct(direct, track, plan, fd, on_frame)
+        else:
+            produced, in_callbacks = self._decode_pyav(track, plan, fd, on_frame)
+        seconds["pixels"] += in_callbacks
+        elapsed = thread_time() - started
+        seconds["decode"] += elapsed - in_callbacks - (seconds["read"] - read_before)
+        return produced
+
+    def _decode_pyav(
+        self, track: VideoTrack, plan: ClipPlan, fd: int, on_frame: Callable[[Planes, int], None]
+    ) -> tuple[int, float]:
+        ctx = self._context(track.codec)
+        targets = plan.targets
         in_callbacks = 0.0
         produced = 0
         for packet in self._packets(track, plan, fd):
@@ -87,13 +141,74 @@ class ClipDecoder:
                 display = frame.pts
                 if display in targets:
                     start = thread_time()
-                    on_frame(frame, display)
+                    on_frame(frame_planes(frame), display)
                     in_callbacks += thread_time() - start
         ctx.flush_buffers()
-        seconds["pixels"] += in_callbacks
-        elapsed = thread_time() - started
-        seconds["decode"] += elapsed - in_callbacks - (seconds["read"] - read_before)
-        return produced
+        return produced, in_callbacks
+
+    def _decode_direct(
+        self,
+        decoder: _dav1d.Dav1dDecoder,
+        track: VideoTrack,
+        plan: ClipPlan,
+        fd: int,
+        on_frame: Callable[[Planes, int], None],
+    ) -> tuple[int, float]:
+        wanted = np.array(sorted(plan.targets), np.int64)
+        in_callbacks = 0.0
+        produced = 0
+        try:
+            for gop in plan.reads:
+                buf, begins, ends, firsts, stamps = self._gop_arrays(track, gop, fd)
+                try:
+                    produced += decoder.feed(buf, begins, ends, firsts, stamps, wanted)
+                except _dav1d.Dav1dError as e:
+                    raise ClipDecodeError(str(e)) from None
+                start = thread_time()
+                for display, planes in decoder.pictures():
+                    on_frame(planes, display)
+                in_callbacks += thread_time() - start
+        finally:
+            decoder.flush()
+        return produced, in_callbacks
+
+    def _gop_arrays(
+        self, track: VideoTrack, gop: GopRead, fd: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One GOP's bytes and its packets as piece ranges: (bytes, begins, ends, first piece of
+        each packet and one past the last, display index per packet)."""
+        data = self._read(fd, gop)
+        pieces = [piece for piece_list, _ in gop.packets for piece in piece_list]
+        firsts = [0]
+        for piece_list, _ in gop.packets:
+            firsts.append(firsts[-1] + len(piece_list))
+        if (
+            track.prefix
+            and gop.packets
+            and not _has_sequence_header(memoryview(data)[pieces[0][0] : pieces[0][1]])
+        ):
+            shift = len(track.prefix)
+            data = track.prefix + data
+            pieces = [(0, shift)] + [(a + shift, b + shift) for a, b in pieces]
+            firsts = [0] + [f + 1 for f in firsts[1:]]
+        ranges = np.array(pieces, np.int64).reshape(-1, 2)
+        return (
+            np.frombuffer(data, np.uint8),
+            ranges[:, 0].copy(),
+            ranges[:, 1].copy(),
+            np.array(firsts, np.int64),
+            np.array([display for _, display in gop.packets], np.int64),
+        )
+
+    def _read(self, fd: int, gop: GopRead) -> bytes:
+        start = thread_time()
+        buf = os.pread(fd, gop.length, gop.offset)
+        self.seconds["read"] += thread_time() - start
+        if len(buf) != gop.length:
+            raise ClipDecodeError(
+                f"short read: {len(buf)} of {gop.length} bytes at offset {gop.offset}"
+            )
+        return buf
 
     def _packets(self, track: VideoTrack, plan: ClipPlan, fd: int) -> Iterator[av.Packet | None]:
         """The plan's packets (display index as pts), one pread per GOP, then None (drain)."""
@@ -103,16 +218,8 @@ class ClipDecoder:
 
             annexb = to_annexb
         prefix = track.prefix
-        seconds = self.seconds
         for gop in plan.reads:
-            start = thread_time()
-            buf = os.pread(fd, gop.length, gop.offset)
-            seconds["read"] += thread_time() - start
-            if len(buf) != gop.length:
-                raise ClipDecodeError(
-                    f"short read: {len(buf)} of {gop.length} bytes at offset {gop.offset}"
-                )
-            view = memoryview(buf)
+            view = memoryview(self._read(fd, gop))
             first = True
             for pieces, display in gop.packets:
                 data: bytes | memoryview

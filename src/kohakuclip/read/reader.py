@@ -12,8 +12,8 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from kohakuclip.decode.image import ImageDecoder
-from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, frame_planes, square_crop
-from kohakuclip.decode.video import ClipDecoder
+from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, square_crop
+from kohakuclip.decode.video import ClipDecoder, Planes
 from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
 from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
 from kohakuclip.read.sample import clip
@@ -304,13 +304,11 @@ class Reader:
         pixels = worker.pixels
         colorspace, full_range = track.colorspace, track.full_range
 
-        def on_frame(frame: Any, display: int) -> None:
+        def on_frame(planes: Planes, display: int) -> None:
             if display in written:
                 return
             positions = plan.targets[display]
-            pixels.write(
-                frame_planes(frame), crop, hflip, vflip, colorspace, full_range, out[positions[0]]
-            )
+            pixels.write(planes, crop, hflip, vflip, colorspace, full_range, out[positions[0]])
             for t in positions[1:]:
                 out[t] = out[positions[0]]
             written[display] = positions[0]

@@ -1,0 +1,278 @@
+"""AV1 through libdav1d's C API (the library PyAV's wheel ships), fed from compiled code.
+
+PyAV costs a Python round trip per packet (a Packet, a decode call, a frame object), and after
+libdav1d has run each of those costs several times its cache-hot price. Here one numba call
+feeds all of a GOP's planned packets without the GIL and keeps a reference to each wanted
+picture; Python then sees only the wanted pictures, as numpy views of libdav1d's planes.
+
+Only 8-bit 4:2:0 streams take this path (the caller checks the sequence header); struct layouts
+are those of dav1d 1.x (``dav1d/picture.h``, ``dav1d/data.h``, ``dav1d/dav1d.h``) on a 64-bit
+platform, checked against the library's version at load.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import glob
+import os
+import sys
+from functools import cache
+from typing import Any
+
+import llvmlite.binding as llvm
+import numba
+import numpy as np
+from numba import carray, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+# byte offsets of the fields used (dav1d 1.x, LP64 / LLP64 with 8-byte pointers)
+_SETTINGS_BYTES = 256  # Dav1dSettings is 96 bytes; room to spare
+_SETTINGS_THREADS, _SETTINGS_FRAME_DELAY, _SETTINGS_LOG_CALLBACK = 0, 4, 56
+_DATA_BYTES = 128  # Dav1dData (72 bytes): data, sz, ref, m (timestamp first)
+_DATA_POINTER, _DATA_SIZE, _DATA_TIMESTAMP = 0, 1, 3  # int64 words
+_PICTURE_BYTES = 512  # Dav1dPicture is 272 bytes in 1.4-1.5; room to spare
+_PICTURE_PLANES, _PICTURE_STRIDES, _PICTURE_TIMESTAMP = 2, 5, 9  # int64 words
+_PICTURE_SIZE = 14  # int32 words: p.w, p.h, p.layout, p.bpc
+
+
+class Dav1dError(RuntimeError):
+    """libdav1d rejected the input (the message carries its error code)."""
+
+
+def _voidptr_typing(typingctx: Any, address: Any) -> Any:
+    """An integer address as a void pointer (numba has no cast for it)."""
+    sig = types.voidptr(address)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return sig, codegen
+
+
+_voidptr: Any = intrinsic(_voidptr_typing)
+
+
+def _candidates() -> list[str]:
+    """libdav1d next to PyAV's own libraries (manylinux, macOS and Windows wheels), then the
+    system's."""
+    import av
+
+    package = os.path.dirname(av.__file__)
+    found: list[str] = []
+    for folder in (package + ".libs", os.path.join(package, ".dylibs"), package):
+        for pattern in ("libdav1d*.so*", "libdav1d*.dylib", "*dav1d*.dll"):
+            found += sorted(glob.glob(os.path.join(folder, pattern)))
+    system = ctypes.util.find_library("dav1d")
+    return [*found, *([system] if system else [])]
+
+
+# the C functions the feeder calls, resolved by name in the library ``library()`` loads
+# globally: unlike ctypes pointers, named symbols let numba cache the compiled feeder on disk
+_send: Any = types.ExternalFunction("dav1d_send_data", types.int32(types.voidptr, types.voidptr))
+_get: Any = types.ExternalFunction("dav1d_get_picture", types.int32(types.voidptr, types.voidptr))
+_picture_unref: Any = types.ExternalFunction("dav1d_picture_unref", types.void(types.voidptr))
+_create: Any = types.ExternalFunction(
+    "dav1d_data_create", types.voidptr(types.voidptr, types.uintp)
+)
+_data_unref: Any = types.ExternalFunction("dav1d_data_unref", types.void(types.voidptr))
+_EAGAIN, _ENOMEM = -errno.EAGAIN, -errno.ENOMEM
+
+
+@cache
+def library() -> Any:
+    """A dav1d 1.x library (ctypes, its symbols loaded globally for the feeder), or None."""
+    if sys.maxsize <= 2**32:
+        return None
+    for path in _candidates():
+        try:
+            lib = ctypes.CDLL(path)
+            lib.dav1d_version.restype = ctypes.c_char_p
+            version = lib.dav1d_version().decode()
+        except (OSError, AttributeError):
+            continue
+        if version.split(".")[0] == "1":
+            llvm.load_library_permanently(path)
+            vp = ctypes.c_void_p
+            for name, args, result in (
+                ("dav1d_default_settings", [vp], None),
+                ("dav1d_open", [vp, vp], ctypes.c_int),
+                ("dav1d_close", [vp], None),
+                ("dav1d_flush", [vp], None),
+            ):
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = args, result
+            return lib
+    return None
+
+
+@numba.njit(nogil=True, cache=True)
+def _feed(
+    context: int,
+    data: np.ndarray,
+    picture: np.ndarray,
+    held: np.ndarray,
+    buf: np.ndarray,
+    begins: np.ndarray,
+    ends: np.ndarray,
+    firsts: np.ndarray,
+    stamps: np.ndarray,
+    wanted: np.ndarray,
+) -> tuple[int, int, int]:
+    """Send packets ``k`` (pieces ``firsts[k]:firsts[k+1]`` of ``buf``, timestamp ``stamps[k]``)
+    and take every picture out. Pictures whose timestamp is in ``wanted`` (sorted) are kept in
+    ``held`` rows (still referenced), the others released at once.
+    Returns (0 or a libdav1d error, pictures held, pictures produced)."""
+    ctx = _voidptr(context)
+    data_ptr = _voidptr(data.ctypes.data)
+    picture_ptr = _voidptr(picture.ctypes.data)
+    data_words = data.view(np.int64)
+    picture_words = picture.view(np.int64)
+    n_held = 0
+    produced = 0
+    for k in range(len(stamps)):
+        size = 0
+        for q in range(firsts[k], firsts[k + 1]):
+            size += ends[q] - begins[q]
+        _create(data_ptr, size)
+        if data_words[_DATA_POINTER] == 0:
+            return _ENOMEM, n_held, produced
+        packet = carray(_voidptr(data_words[_DATA_POINTER]), (size,), np.uint8)
+        at = 0
+        for q in range(firsts[k], firsts[k + 1]):
+            n = ends[q] - begins[q]
+            packet[at : at + n] = buf[begins[q] : ends[q]]
+            at += n
+        data_words[_DATA_TIMESTAMP] = stamps[k]
+        while True:
+            status = _send(ctx, data_ptr)
+            if status < 0 and status != _EAGAIN:
+                _data_unref(data_ptr)
+                return status, n_held, produced
+            while True:
+                status = _get(ctx, picture_ptr)
+                if status == _EAGAIN:
+                    break
+                if status < 0:
+                    if data_words[_DATA_SIZE] > 0:
+                        _data_unref(data_ptr)
+                    return status, n_held, produced
+                produced += 1
+                stamp = picture_words[_PICTURE_TIMESTAMP]
+                i = np.searchsorted(wanted, stamp)
+                if i < len(wanted) and wanted[i] == stamp and n_held < held.shape[0]:
+                    held[n_held, :] = picture
+                    n_held += 1
+                else:
+                    _picture_unref(picture_ptr)
+            if data_words[_DATA_SIZE] == 0:
+                break
+    return 0, n_held, produced
+
+
+@numba.njit(nogil=True, cache=True)
+def _release(held: np.ndarray, n: int) -> None:
+    for k in range(n):
+        _picture_unref(_voidptr(held[k].ctypes.data))
+
+
+class _View:
+    """Exposes ``shape`` bytes at ``address`` to numpy without a copy."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, address: int, shape: tuple[int, int]) -> None:
+        self.__array_interface__ = {
+            "data": (address, False),
+            "shape": shape,
+            "typestr": "|u1",
+            "version": 3,
+        }
+
+
+class Dav1dDecoder:
+    """One single-threaded libdav1d context, reused across videos (flushed between clips)."""
+
+    def __init__(self, lib: Any) -> None:
+        self._lib = lib
+        settings = np.zeros(_SETTINGS_BYTES, np.uint8)
+        self._lib.dav1d_default_settings(settings.ctypes.data)
+        fields = settings.view(np.int32)
+        fields[_SETTINGS_THREADS // 4] = 1
+        fields[_SETTINGS_FRAME_DELAY // 4] = 1
+        settings.view(np.int64)[_SETTINGS_LOG_CALLBACK // 8] = 0  # errors come back as codes
+        self._context = ctypes.c_void_p()
+        status = self._lib.dav1d_open(ctypes.byref(self._context), settings.ctypes.data)
+        if status < 0 or not self._context.value:
+            raise Dav1dError(f"dav1d_open failed ({status})")
+        self._handle: int = self._context.value
+        self._data = np.zeros(_DATA_BYTES, np.uint8)
+        self._picture = np.zeros(_PICTURE_BYTES, np.uint8)
+        self._held = np.zeros((0, _PICTURE_BYTES), np.uint8)
+        self._n_held = 0
+
+    def feed(
+        self,
+        buf: np.ndarray,
+        begins: np.ndarray,
+        ends: np.ndarray,
+        firsts: np.ndarray,
+        stamps: np.ndarray,
+        wanted: np.ndarray,
+    ) -> int:
+        """Decode the packets; keep the wanted pictures (see ``pictures``). Returns how many
+        pictures the decoder produced."""
+        self.release()
+        if len(self._held) < len(wanted):
+            self._held = np.zeros((len(wanted), _PICTURE_BYTES), np.uint8)
+        status, self._n_held, produced = _feed(
+            self._handle,
+            self._data,
+            self._picture,
+            self._held,
+            buf,
+            begins,
+            ends,
+            firsts,
+            stamps,
+            wanted,
+        )
+        if status < 0:
+            raise Dav1dError(f"libdav1d error {status} ({os.strerror(-status)})")
+        return int(produced)
+
+    def pictures(self) -> list[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+        """The held pictures: (timestamp, (Y, U, V) views over whole rows), valid until the next
+        ``feed``, ``release`` or ``flush``."""
+        out = []
+        for k in range(self._n_held):
+            words = self._held[k].view(np.int64)
+            height = int(self._held[k].view(np.int32)[_PICTURE_SIZE + 1])
+            ys, cs = int(words[_PICTURE_STRIDES]), int(words[_PICTURE_STRIDES + 1])
+            ch = (height + 1) // 2
+            planes = (
+                np.asarray(_View(int(words[_PICTURE_PLANES]), (height, ys))),
+                np.asarray(_View(int(words[_PICTURE_PLANES + 1]), (ch, cs))),
+                np.asarray(_View(int(words[_PICTURE_PLANES + 2]), (ch, cs))),
+            )
+            out.append((int(words[_PICTURE_TIMESTAMP]), planes))
+        return out
+
+    def release(self) -> None:
+        """Drop the references to the held pictures."""
+        if self._n_held:
+            _release(self._held, self._n_held)
+            self._n_held = 0
+
+    def flush(self) -> None:
+        """Forget every reference frame (between clips, after errors)."""
+        self.release()
+        self._lib.dav1d_flush(self._handle)
+
+    def __del__(self) -> None:
+        context = getattr(self, "_context", None)
+        if context is not None and context.value:
+            self.release()
+            self._lib.dav1d_close(ctypes.byref(context))
