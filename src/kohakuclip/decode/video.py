@@ -1,8 +1,9 @@
 """Decode a planned clip with a long-lived, single-threaded decoder per codec (one set per thread).
 
-AV1 goes to libdav1d with the sequence header in front of each GOP when the keyframe lacks one;
-H.264 / HEVC samples are turned into Annex B with the parameter sets in front of each GOP, so one
-decoder serves every video. Packets carry their display index as pts, so outputs map back to
+AV1 goes to libdav1d with the sequence header in front of each GOP when the keyframe lacks one
+(8-bit 4:2:0 streams straight through its C API, ``_dav1d``; others through PyAV); H.264 / HEVC
+samples are turned into Annex B with the parameter sets in front of each GOP, so one decoder
+serves every video. Packets carry their display index as timestamp, so outputs map back to
 wanted frames whatever the decode order.
 """
 
@@ -52,7 +53,7 @@ def _is_8bit_420(prefix: bytes) -> bool:
     try:
         obu = next(o for o in iter_obus(prefix) if o.type == 1)
         seq = parse_sequence_header(prefix[obu.payload : obu.end])
-    except Exception:
+    except (StopIteration, ValueError, IndexError):  # no or unreadable sequence header
         return False
     return (
         seq.bit_depth == 8 and not seq.mono_chrome and seq.subsampling_x == seq.subsampling_y == 1
