@@ -31,6 +31,7 @@ from kohakuclip.codecs.av1 import (
     closure,
     feed_packets,
     find_sequence_header,
+    sample_rows,
 )
 from kohakuclip.codecs.av1_syntax import (
     KEY_FRAME,
@@ -337,6 +338,18 @@ def test_one_closure_across_gops_equals_per_gop(default_stream):
     packets, outputs, decoded = closure_plan(s, wanted)
     assert whole.outputs == tuple(outputs) and whole.decoded == decoded
     assert feed_packets(whole, s.samples) == packets
+
+
+def test_row_table_gives_the_same_closure_as_binary_search(default_stream):
+    frames = default_stream.deps.frames
+    samples = int(frames["sample"].max()) + 1
+    rows = sample_rows(frames, samples)
+    rng = np.random.default_rng(0)
+    for key in range(0, samples, 16):
+        for _ in range(5):
+            wanted = rng.choice(np.arange(key, min(key + 16, samples)), 3, replace=False)
+            assert closure(frames, key, wanted, rows) == closure(frames, key, wanted)
+    assert closure(frames, 0, [samples - 1], rows) == closure(frames, 0, [samples - 1])
 
 
 def test_feed_from_a_mapping_of_samples(default_stream):
