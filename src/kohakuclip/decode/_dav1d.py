@@ -178,18 +178,18 @@ def _release(held: np.ndarray, n: int) -> None:
         _picture_unref(_voidptr(held[k].ctypes.data))
 
 
-class _View:
-    """Exposes ``shape`` bytes at ``address`` to numpy without a copy."""
-
-    __slots__ = ("__array_interface__",)
-
-    def __init__(self, address: int, shape: tuple[int, int]) -> None:
-        self.__array_interface__ = {
-            "data": (address, False),
-            "shape": shape,
-            "typestr": "|u1",
-            "version": 3,
-        }
+@numba.njit(cache=True)
+def _picture(held: np.ndarray, k: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """Held picture ``k``: its timestamp and Y, U, V arrays over libdav1d's planes (whole rows;
+    4:2:0, 8-bit), valid while the picture is referenced."""
+    words = held[k].view(np.int64)
+    height = held[k].view(np.int32)[_PICTURE_SIZE + 1]
+    luma_stride, chroma_stride = words[_PICTURE_STRIDES], words[_PICTURE_STRIDES + 1]
+    chroma_rows = (height + 1) // 2
+    y = carray(_voidptr(words[_PICTURE_PLANES]), (height, luma_stride), np.uint8)
+    u = carray(_voidptr(words[_PICTURE_PLANES + 1]), (chroma_rows, chroma_stride), np.uint8)
+    v = carray(_voidptr(words[_PICTURE_PLANES + 2]), (chroma_rows, chroma_stride), np.uint8)
+    return words[_PICTURE_TIMESTAMP], y, u, v
 
 
 class Dav1dDecoder:
@@ -248,16 +248,8 @@ class Dav1dDecoder:
         ``feed``, ``release`` or ``flush``."""
         out = []
         for k in range(self._n_held):
-            words = self._held[k].view(np.int64)
-            height = int(self._held[k].view(np.int32)[_PICTURE_SIZE + 1])
-            ys, cs = int(words[_PICTURE_STRIDES]), int(words[_PICTURE_STRIDES + 1])
-            ch = (height + 1) // 2
-            planes = (
-                np.asarray(_View(int(words[_PICTURE_PLANES]), (height, ys))),
-                np.asarray(_View(int(words[_PICTURE_PLANES + 1]), (ch, cs))),
-                np.asarray(_View(int(words[_PICTURE_PLANES + 2]), (ch, cs))),
-            )
-            out.append((int(words[_PICTURE_TIMESTAMP]), planes))
+            stamp, y, u, v = _picture(self._held, k)
+            out.append((stamp, (y, u, v)))
         return out
 
     def release(self) -> None:
