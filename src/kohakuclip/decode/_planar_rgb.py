@@ -13,6 +13,22 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+Row = tuple[np.float32, np.float32, np.float32, np.float32]
+
+
+@numba.njit(inline="always")
+def _row(matrix: np.ndarray, i: int) -> Row:
+    """Row ``i`` of the matrix as float32 scalars (offset + 0.5, so that truncation rounds):
+    scalars, not an array, so nothing in the inner loop can alias the output."""
+    half = np.float32(0.5)
+    return matrix[i, 0], matrix[i, 1], matrix[i, 2], matrix[i, 3] + half
+
+
+@numba.njit(inline="always")
+def _channel(row: Row, yy: np.float32, uu: np.float32, vv: np.float32) -> np.uint8:
+    value = row[0] * yy + row[1] * uu + row[2] * vv + row[3]
+    return np.uint8(min(max(value, np.float32(0.0)), np.float32(255.0)))
+
 
 @numba.njit(nogil=True, fastmath=True, boundscheck=False, cache=True)
 def planar_rgb(
@@ -33,10 +49,7 @@ def planar_rgb(
     size, window at (``c_row``, ``c_col``); ``matrix``: float32 3x4; ``vflip``: rows bottom up.
     """
     n, w = dst.shape[1], dst.shape[2]
-    m00, m01, m02, m03 = matrix[0, 0], matrix[0, 1], matrix[0, 2], matrix[0, 3] + np.float32(0.5)
-    m10, m11, m12, m13 = matrix[1, 0], matrix[1, 1], matrix[1, 2], matrix[1, 3] + np.float32(0.5)
-    m20, m21, m22, m23 = matrix[2, 0], matrix[2, 1], matrix[2, 2], matrix[2, 3] + np.float32(0.5)
-    lo, hi = np.float32(0.0), np.float32(255.0)
+    r_row, g_row, b_row = _row(matrix, 0), _row(matrix, 1), _row(matrix, 2)
     for r in range(n):
         out = n - 1 - r if vflip else r
         red, green, blue = dst[0, out], dst[1, out], dst[2, out]
@@ -45,9 +58,9 @@ def planar_rgb(
         cr = v[c_row + r, c_col : c_col + w]
         for c in range(w):
             yy, uu, vv = np.float32(luma[c]), np.float32(cb[c]), np.float32(cr[c])
-            red[c] = np.uint8(min(max(m00 * yy + m01 * uu + m02 * vv + m03, lo), hi))
-            green[c] = np.uint8(min(max(m10 * yy + m11 * uu + m12 * vv + m13, lo), hi))
-            blue[c] = np.uint8(min(max(m20 * yy + m21 * uu + m22 * vv + m23, lo), hi))
+            red[c] = _channel(r_row, yy, uu, vv)
+            green[c] = _channel(g_row, yy, uu, vv)
+            blue[c] = _channel(b_row, yy, uu, vv)
 
 
 @numba.njit(nogil=True, fastmath=True, boundscheck=False, cache=True)
@@ -69,10 +82,7 @@ def planar_rgb_box2(
     loads stay contiguous); ``y_col`` counts pairs.
     """
     n, w = dst.shape[1], dst.shape[2]
-    m00, m01, m02, m03 = matrix[0, 0], matrix[0, 1], matrix[0, 2], matrix[0, 3] + np.float32(0.5)
-    m10, m11, m12, m13 = matrix[1, 0], matrix[1, 1], matrix[1, 2], matrix[1, 3] + np.float32(0.5)
-    m20, m21, m22, m23 = matrix[2, 0], matrix[2, 1], matrix[2, 2], matrix[2, 3] + np.float32(0.5)
-    lo, hi = np.float32(0.0), np.float32(255.0)
+    r_row, g_row, b_row = _row(matrix, 0), _row(matrix, 1), _row(matrix, 2)
     low, shift, quarter = np.uint16(255), np.uint16(8), np.float32(0.25)
     for r in range(n):
         out = n - 1 - r if vflip else r
@@ -85,6 +95,6 @@ def planar_rgb_box2(
             a, b = top[c], bottom[c]
             yy = np.float32((a & low) + (a >> shift) + (b & low) + (b >> shift)) * quarter
             uu, vv = np.float32(cb[c]), np.float32(cr[c])
-            red[c] = np.uint8(min(max(m00 * yy + m01 * uu + m02 * vv + m03, lo), hi))
-            green[c] = np.uint8(min(max(m10 * yy + m11 * uu + m12 * vv + m13, lo), hi))
-            blue[c] = np.uint8(min(max(m20 * yy + m21 * uu + m22 * vv + m23, lo), hi))
+            red[c] = _channel(r_row, yy, uu, vv)
+            green[c] = _channel(g_row, yy, uu, vv)
+            blue[c] = _channel(b_row, yy, uu, vv)
