@@ -66,6 +66,9 @@ def square_crop(width: int, height: int, rng: np.random.Generator | None) -> Cro
     return Crop(x & ~1, y & ~1, side, side)
 
 
+Taps = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
 def resize_plane(src: np.ndarray, dst: np.ndarray) -> None:
     """Antialiased resize of ``src`` into ``dst``: box prefilter by the integer part of a >=2x
     shrink, then bilinear (OpenCV's area filter is only fast at integer ratios)."""
@@ -122,7 +125,8 @@ def _flip_code(hflip: bool, vflip: bool) -> int:
 
 
 class PixelWriter:
-    """Per-thread buffers and the per-frame pixel pipeline for one output mode and size.
+    """Per-thread buffers for the per-frame pixel pipeline (``_frame.write_frame``) of one output
+    mode and size, for frames decoded outside the compiled drivers (PyAV).
 
     ``rgb``: the crop resized to ``size`` and converted, planar [3, size, size], flipped.
     ``yuv_resized``: the crop's planes resized to ``size`` (chroma at half), packed 4:2:0, flipped.
@@ -134,17 +138,9 @@ class PixelWriter:
         self.size = size
         self.mode = mode
         self.window = window
-        s = size
-        if mode == "rgb":
-            # numba loads on first use, so that importing kohakuclip stays quick
-            from kohakuclip.decode import _planar_rgb
-
-            self._planar_rgb = _planar_rgb.planar_rgb
-            self._planar_rgb_box2 = _planar_rgb.planar_rgb_box2
-            self._y = np.empty((s, s), np.uint8)
-            self._u = np.empty((s, s), np.uint8)
-            self._v = np.empty((s, s), np.uint8)
         self._matrices: dict[tuple[str, bool], np.ndarray] = {}
+        self._taps: dict[tuple[int, int], Taps] = {}
+        self._scratch: Taps | None = None  # tmp [rows, S], y, u, v [S, S]
 
     @staticmethod
     def frame_shape(size: int, mode: OutputMode, window: int = 512) -> tuple[int, ...]:
@@ -153,12 +149,23 @@ class PixelWriter:
             return (3, size, size)
         return (yuv420_frame_bytes(window if mode == "yuv" else size),)
 
-    def _matrix(self, colorspace: str, full_range: bool) -> np.ndarray:
+    def matrix(self, colorspace: str, full_range: bool) -> np.ndarray:
+        """The YUV -> RGB matrix of a colorspace and range (cached)."""
         key = (colorspace, full_range)
         m = self._matrices.get(key)
         if m is None:
             m = self._matrices[key] = yuv_to_rgb_matrix(colorspace, full_range)
         return m
+
+    def taps(self, width: int, height: int, out: int) -> Taps:
+        """Resize weights of a ``width`` x ``height`` window to ``out`` squared (cached)."""
+        key = (width << 32 | height, out)
+        taps = self._taps.get(key)
+        if taps is None:
+            from kohakuclip.decode._resize import resize_taps
+
+            taps = self._taps[key] = (*resize_taps(width, out), *resize_taps(height, out))
+        return taps
 
     def write(
         self,
@@ -171,49 +178,29 @@ class PixelWriter:
         dst: np.ndarray,
     ) -> None:
         """Write one frame's output into ``dst`` (shape ``frame_shape``)."""
-        y, u, v = planes
-        windows = (
-            y[crop.y : crop.y + crop.h, crop.x : crop.x + crop.w],
-            _chroma_window(u, crop),
-            _chroma_window(v, crop),
-        )
-        if self.mode == "rgb":
-            self._write_rgb(planes, windows, crop, self._matrix(colorspace, full_range), vflip, dst)
-            if hflip:
-                for plane in dst:
-                    cv2.flip(plane, 1, dst=plane)
-        elif self.mode == "yuv_resized":
-            for src, out in zip(windows, yuv420_planes(dst, self.size)):
-                resize_plane(src, out)
-                if hflip or vflip:
-                    cv2.flip(out, _flip_code(hflip, vflip), dst=out)
-        else:
-            for src, out in zip(windows, yuv420_planes(dst, self.window)):
-                out[: src.shape[0], : src.shape[1]] = src
+        from kohakuclip.decode._frame import MODES, write_frame  # numba loads on first use
 
-    def _write_rgb(
-        self,
-        planes: tuple[np.ndarray, np.ndarray, np.ndarray],
-        windows: tuple[np.ndarray, np.ndarray, np.ndarray],
-        crop: Crop,
-        matrix: np.ndarray,
-        vflip: bool,
-        dst: np.ndarray,
-    ) -> None:
-        """Resize what needs it into the scratch planes, then convert into ``dst`` (vflipped)."""
         s = self.size
-        y, u, v = planes
-        cy, cx = crop.y // 2, crop.x // 2
-        if not (windows[1].shape == (s, s) and u.flags.c_contiguous and v.flags.c_contiguous):
-            resize_plane(windows[1], self._u)
-            resize_plane(windows[2], self._v)
-            u, v, cy, cx = self._u, self._v, 0, 0
-        pairs = crop.x % 2 == 0 and y.shape[1] % 2 == 0 and y.flags.c_contiguous
-        if crop.w == crop.h == 2 * s and pairs:
-            luma16 = y.view(np.uint16)
-            self._planar_rgb_box2(luma16, crop.y, crop.x // 2, u, v, cy, cx, matrix, vflip, dst)
-            return
-        if not (crop.w == crop.h == s and y.flags.c_contiguous):
-            resize_plane(windows[0], self._y)
-            y, crop = self._y, Crop(0, 0, s, s)
-        self._planar_rgb(y, crop.y, crop.x, u, v, cy, cx, matrix, vflip, dst)
+        if self._scratch is None or self._scratch[0].shape[0] < crop.h:
+            square = (s, s)
+            self._scratch = (
+                np.empty((crop.h, s), np.uint8),
+                np.empty(square, np.uint8),
+                np.empty(square, np.uint8),
+                np.empty(square, np.uint8),
+            )
+        chroma_w = (crop.x + crop.w + 1) // 2 - crop.x // 2
+        chroma_h = (crop.y + crop.h + 1) // 2 - crop.y // 2
+        chroma_out = s if self.mode == "rgb" else (s + 1) // 2
+        write_frame(
+            *planes,
+            np.array([crop.x, crop.y, crop.w, crop.h, hflip, vflip], np.int64),
+            self.matrix(colorspace, full_range),
+            MODES.index(self.mode),
+            s,
+            self.window,
+            self.taps(crop.w, crop.h, s),
+            self.taps(chroma_w, chroma_h, chroma_out),
+            self._scratch,
+            dst.reshape(-1),
+        )
