@@ -36,8 +36,8 @@ import llvmlite.binding as llvm
 import numba
 import numpy as np
 from numba import carray, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+
+from kohakuclip.decode._dav1d import _voidptr
 
 # --- struct layouts (libavutil 60 / libavcodec 62, LP64 and LLP64) -------------------------
 _AVUTIL_MAJOR, _AVCODEC_MAJOR = 60, 62
@@ -49,7 +49,7 @@ _F_FLAGS, _F_COLOR_RANGE, _F_PRIMARIES, _F_TRC, _F_COLORSPACE = 276, 280, 284, 2
 _F_BEST_EFFORT, _F_DECODE_ERROR_FLAGS = 304, 320
 _FRAME_BYTES = 328  # the fields read lie below this
 # AVPacket byte offsets
-_P_BUF, _P_PTS, _P_DTS, _P_DATA, _P_SIZE, _P_FLAGS = 0, 8, 16, 24, 32, 40
+_P_BUF, _P_PTS, _P_DTS, _P_DATA, _P_SIZE = 0, 8, 16, 24, 32
 _P_POS, _P_TIME_BASE = 72, 96
 _PACKET_BYTES = 104
 
@@ -95,19 +95,7 @@ class AvcodecError(RuntimeError):
     """libavcodec could not be used or rejected the input (the message names the cause)."""
 
 
-def _voidptr_typing(typingctx: Any, address: Any) -> Any:
-    """An integer address as a void pointer (numba has no cast for it)."""
-    sig = types.voidptr(address)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.inttoptr(args[0], cgutils.voidptr_t)
-
-    return sig, codegen
-
-
-_voidptr: Any = intrinsic(_voidptr_typing)
-
-# the C functions, resolved by name in the libraries ``_load`` loads globally
+# the C functions, resolved by name in the libraries ``_open_libraries`` loads globally
 _send: Any = types.ExternalFunction(
     "avcodec_send_packet", types.int32(types.voidptr, types.voidptr)
 )
@@ -119,6 +107,7 @@ _frame_unref: Any = types.ExternalFunction("av_frame_unref", types.void(types.vo
 _version: Any = types.ExternalFunction("avcodec_version", types.uint32())
 
 
+@numba.njit(nogil=True, cache=True)
 def _status(code: int) -> int:
     """AVERROR -> our status (0, 1 EAGAIN, 2 EOF, else the negative code)."""
     if code == _EAGAIN:
@@ -126,9 +115,6 @@ def _status(code: int) -> int:
     if code == _EOF:
         return END
     return code
-
-
-_status_jit: Any = numba.njit(nogil=True, cache=True)(_status)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -144,7 +130,7 @@ def send_packet(handle: np.ndarray, data_address: int, size: int, pts: int) -> i
         return _EINVAL
     context = _voidptr(handle[0])
     if size == 0:
-        return _status_jit(_send(context, _voidptr(0)))
+        return _status(_send(context, _voidptr(0)))
     if size < 0 or size > 2**31 - 1 or data_address == 0:
         return _EINVAL
     words = carray(_voidptr(handle[1]), (_PACKET_BYTES // 8,), np.int64)
@@ -157,7 +143,7 @@ def send_packet(handle: np.ndarray, data_address: int, size: int, pts: int) -> i
     status = _send(context, _voidptr(handle[1]))
     words[_P_DATA // 8] = 0
     ints[_P_SIZE // 4] = 0
-    return _status_jit(status)
+    return _status(status)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -174,7 +160,7 @@ def receive_frame(handle: np.ndarray, picture: np.ndarray) -> int:
         return _EINVAL
     status = _receive(_voidptr(handle[0]), _voidptr(handle[2]))
     if status < 0:
-        return _status_jit(status)
+        return _status(status)
     words = carray(_voidptr(handle[2]), (_FRAME_BYTES // 8,), np.int64)
     ints = carray(_voidptr(handle[2]), (_FRAME_BYTES // 4,), np.int32)
     pts = words[_F_PTS // 8]
@@ -440,14 +426,14 @@ def _open_libraries() -> Library | str:
     return _check_defaults(lib) or lib
 
 
-_lock = threading.Lock()
+_load_lock, _check_lock = threading.Lock(), threading.Lock()
 _loaded: list[Library | str] = []
 _checked: list[Library | None] = []
 
 
 def _libraries() -> Library | str:
     """``_open_libraries``, once per process."""
-    with _lock:
+    with _load_lock:
         if not _loaded:
             _loaded.append(_open_libraries())
         return _loaded[0]
@@ -457,16 +443,13 @@ def library() -> Library | None:
     """PyAV's libavcodec when the direct path can use it (versions, symbols and struct
     layouts checked, see ``layout``), else None after one warning. Checked once per process;
     call it before compiled code that uses the primitives runs."""
-    with _lock:
-        if _checked:
-            return _checked[0]
-    lib = _libraries()
-    problems = [lib] if isinstance(lib, str) else layout()
-    with _lock:
+    with _check_lock:
         if not _checked:
+            lib = _libraries()
+            problems = (lib,) if isinstance(lib, str) else layout()
             if problems:
                 warnings.warn(
-                    f"kohakuclip: decoding H.264 / HEVC / MJPEG through PyAV, libavcodec's "
+                    f"kohakuclip: H.264 / HEVC / MJPEG decode through PyAV, libavcodec's "
                     f"direct path is off: {problems[0]}",
                     RuntimeWarning,
                     stacklevel=2,
