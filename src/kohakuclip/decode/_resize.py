@@ -10,28 +10,35 @@ import numpy as np
 _PRECISION = 22
 
 
-@lru_cache(maxsize=256)
-def resize_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+@numba.njit(nogil=True, cache=True)
+def taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pillow BILINEAR weights: first input sample and int32 fixed-point weights per output."""
     scale = in_size / out_size
     filterscale = max(scale, 1.0)
-    support = 1.0 * filterscale
+    support = filterscale
     k = int(np.ceil(support)) * 2 + 1
     starts = np.zeros(out_size, np.int32)
     weights = np.zeros((out_size, k), np.int32)
+    ws = np.zeros(k, np.float64)
     for xx in range(out_size):
         center = (xx + 0.5) * scale
         xmin = max(int(center - support + 0.5), 0)
         xmax = min(int(center + support + 0.5), in_size) - xmin
-        ws = []
+        total = 0.0
         for x in range(xmax):
             t = abs((x + xmin - center + 0.5) / filterscale)
-            ws.append(1.0 - t if t < 1.0 else 0.0)
-        total = sum(ws)
+            ws[x] = 1.0 - t if t < 1.0 else 0.0
+            total += ws[x]
         starts[xx] = xmin
-        for x, w in enumerate(ws):
-            w = w / total if total else w
+        for x in range(xmax):
+            w = ws[x] / total if total != 0.0 else ws[x]
             weights[xx, x] = int(w * (1 << _PRECISION) + (0.5 if w >= 0 else -0.5))
     return starts, weights
+
+
+@lru_cache(maxsize=256)
+def resize_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    return taps(in_size, out_size)
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)

@@ -84,19 +84,41 @@ def resize_plane(src: np.ndarray, dst: np.ndarray) -> None:
     cv2.resize(src, (ow, oh), dst=dst, interpolation=cv2.INTER_LINEAR)
 
 
-def frame_planes(frame: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Zero-copy Y, U, V arrays of a decoded 8-bit 4:2:0 PyAV frame (other formats converted).
+_SHIFTS = {
+    "yuv420p": (1, 1),
+    "yuvj420p": (1, 1),
+    "yuv422p": (1, 0),
+    "yuvj422p": (1, 0),
+    "yuv444p": (0, 0),
+    "yuvj444p": (0, 0),
+}
+
+Planes = tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, int]]
+"""Y, U, V arrays over whole rows, and the chroma subsampling as (x, y) shifts."""
+
+
+def frame_planes(frame: object) -> Planes:
+    """Zero-copy Y, U, V arrays of a decoded 8-bit PyAV frame (4:2:0, 4:2:2, 4:4:4; gray gets
+    neutral chroma; other formats are converted to 4:2:0), with its chroma shifts.
 
     Whole rows, line padding included: C-contiguous, which the RGB conversion needs to run at
     full speed. Read them through a crop window inside the frame."""
     fmt = frame.format.name  # type: ignore[attr-defined]
-    if fmt not in ("yuv420p", "yuvj420p"):
+    if fmt == "gray":
+        (py,) = frame.planes  # type: ignore[attr-defined]
+        y = np.ndarray((py.height, py.line_size), np.uint8, py)
+        neutral = np.full(y.shape, 128, np.uint8)
+        return y, neutral, neutral, (0, 0)
+    shifts = _SHIFTS.get(fmt)
+    if shifts is None:
         frame = frame.reformat(format="yuv420p")  # type: ignore[attr-defined]
+        shifts = (1, 1)
     py, pu, pv = frame.planes  # type: ignore[attr-defined]
     return (
         np.ndarray((py.height, py.line_size), np.uint8, py),
         np.ndarray((pu.height, pu.line_size), np.uint8, pu),
         np.ndarray((pv.height, pv.line_size), np.uint8, pv),
+        shifts,
     )
 
 
@@ -139,7 +161,7 @@ class PixelWriter:
         self.mode = mode
         self.window = window
         self._matrices: dict[tuple[str, bool], np.ndarray] = {}
-        self._taps: dict[tuple[int, int], Taps] = {}
+        self._taps: dict[tuple[int, ...], tuple[Taps, Taps]] = {}
         self._scratch: Taps | None = None  # tmp [rows, S], y, u, v [S, S]
 
     @staticmethod
@@ -157,16 +179,6 @@ class PixelWriter:
             m = self._matrices[key] = yuv_to_rgb_matrix(colorspace, full_range)
         return m
 
-    def taps(self, width: int, height: int, out: int) -> Taps:
-        """Resize weights of a ``width`` x ``height`` window to ``out`` squared (cached)."""
-        key = (width << 32 | height, out)
-        taps = self._taps.get(key)
-        if taps is None:
-            from kohakuclip.decode._resize import resize_taps
-
-            taps = self._taps[key] = (*resize_taps(width, out), *resize_taps(height, out))
-        return taps
-
     def write(
         self,
         planes: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -176,31 +188,36 @@ class PixelWriter:
         colorspace: str,
         full_range: bool,
         dst: np.ndarray,
+        shifts: tuple[int, int] = (1, 1),
     ) -> None:
-        """Write one frame's output into ``dst`` (shape ``frame_shape``)."""
-        from kohakuclip.decode._frame import MODES, write_frame  # numba loads on first use
+        """Write one frame's output into ``dst`` (shape ``frame_shape``); ``shifts``: the
+        chroma subsampling as (x, y) shifts ((1, 1) for 4:2:0, (0, 0) for 4:4:4)."""
+        from kohakuclip.decode._frame import MODES, frame_taps, write_frame
 
         s = self.size
-        if self._scratch is None or self._scratch[0].shape[0] < crop.h:
+        rows = max(crop.h, 2)
+        if self._scratch is None or self._scratch[0].shape[0] < rows:
             square = (s, s)
             self._scratch = (
-                np.empty((crop.h, s), np.uint8),
+                np.empty((rows, max(s, self.window)), np.uint8),
                 np.empty(square, np.uint8),
                 np.empty(square, np.uint8),
                 np.empty(square, np.uint8),
             )
-        chroma_w = (crop.x + crop.w + 1) // 2 - crop.x // 2
-        chroma_h = (crop.y + crop.h + 1) // 2 - crop.y // 2
-        chroma_out = s if self.mode == "rgb" else (s + 1) // 2
+        row = np.array([crop.x, crop.y, crop.w, crop.h, hflip, vflip, *shifts], np.int64)
+        mode = MODES.index(self.mode)
+        key = (crop.x & 1, crop.y & 1, crop.w, crop.h, *shifts)
+        taps = self._taps.get(key)
+        if taps is None:
+            taps = self._taps[key] = frame_taps(row, mode, s)
         write_frame(
             *planes,
-            np.array([crop.x, crop.y, crop.w, crop.h, hflip, vflip], np.int64),
+            row,
             self.matrix(colorspace, full_range),
-            MODES.index(self.mode),
+            mode,
             s,
             self.window,
-            self.taps(crop.w, crop.h, s),
-            self.taps(chroma_w, chroma_h, chroma_out),
+            *taps,
             self._scratch,
             dst.reshape(-1),
         )

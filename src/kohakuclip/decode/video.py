@@ -16,15 +16,12 @@ from time import thread_time
 from typing import Any
 
 import av
-import numpy as np
 
 from kohakuclip.codecs.av1_syntax import iter_obus, parse_sequence_header
 from kohakuclip.decode import _dav1d
-from kohakuclip.decode.pixels import frame_planes
+from kohakuclip.decode.pixels import Planes, frame_planes
 from kohakuclip.read.plan import ClipPlan, GopRead
 from kohakuclip.storage.catalog import VideoTrack
-
-Planes = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 _DECODERS = {"av1": "libdav1d", "h264": "h264", "hevc": "hevc"}
 

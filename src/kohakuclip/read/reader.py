@@ -7,14 +7,15 @@ import threading
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import cache
 from time import thread_time
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
 from kohakuclip.decode.image import ImageDecoder
-from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, square_crop
-from kohakuclip.decode.video import ClipDecoder, Planes, takes_dav1d
+from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, Planes, square_crop
+from kohakuclip.decode.video import ClipDecoder, takes_dav1d
 from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
 from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
 from kohakuclip.read.sample import clip
@@ -61,6 +62,17 @@ class Batch:
     mode: OutputMode = "rgb"
 
 
+_AVCODEC_ROWS = {"h264": 0, "hevc": 1}
+
+
+@cache
+def _avcodec_found() -> bool:
+    """True when PyAV's libavcodec passed its start-up layout check (``decode._avcodec``)."""
+    from kohakuclip.decode import _avcodec
+
+    return _avcodec.library() is not None
+
+
 class _Worker:
     """Per-thread state: decoders and pixel buffers."""
 
@@ -70,26 +82,37 @@ class _Worker:
         self.size, self.mode, self.window = size, mode, window
         self._jpeg: ImageDecoder | None = None
         self._dav1d: Any = None
+        self._avcodec: Any = None
         self._use_compiled = compiled
         self.seconds = {"plan": 0.0}
 
-    def compiled(self, track: VideoTrack) -> Any:
-        """The compiled share decoder that takes this track, or None (PyAV path)."""
-        if not self._use_compiled or not takes_dav1d(track):
+    def compiled(self, track: VideoTrack) -> tuple[Any, int] | None:
+        """The compiled share decoder that takes this track and its decoder row, or None (the
+        PyAV path)."""
+        if not self._use_compiled:
             return None
-        if self._dav1d is None:
-            from kohakuclip.decode._clips import Dav1dClips
+        if takes_dav1d(track):
+            if self._dav1d is None:
+                from kohakuclip.decode._clips import Dav1dClips
 
-            self._dav1d = Dav1dClips()
-        return self._dav1d
+                self._dav1d = Dav1dClips()
+            return self._dav1d, 0
+        if track.codec in _AVCODEC_ROWS and track.nal_length_size and _avcodec_found():
+            if self._avcodec is None:
+                from kohakuclip.decode._clips import AvcodecClips
+
+                self._avcodec = AvcodecClips([("h264", 0), ("hevc", 0)])
+            return self._avcodec, _AVCODEC_ROWS[track.codec]
+        return None
 
     def compiled_seconds(self) -> dict[str, float]:
         """Thread CPU seconds per stage spent in compiled share calls."""
-        from kohakuclip.decode._clips import STAGES
-
-        if self._dav1d is None:
-            return {}
-        return {s: float(ns) / 1e9 for s, ns in zip(STAGES, self._dav1d.seconds)}
+        seconds: dict[str, float] = {}
+        for driver in (self._dav1d, self._avcodec):
+            if driver is not None:
+                for stage, ns in zip(("read", "decode", "pixels"), driver.seconds.tolist()):
+                    seconds[stage] = seconds.get(stage, 0.0) + ns / 1e9
+        return seconds
 
     @property
     def jpeg(self) -> ImageDecoder:
@@ -306,8 +329,9 @@ class Reader:
                         self._add_clip(worker, batch, i, seed, files, descriptors, tables, later)
                     except Exception as e:
                         errors[i] = e
+                video = batch.video.reshape(*batch.video.shape[:2], -1)
                 for decoder, share_tables in tables.values():
-                    status = decoder.run(share_tables, batch.video)
+                    status = decoder.run(share_tables, video)
                     for i, (code, detail, _) in zip(share_tables.slots, status.tolist()):
                         if code == _clips.UNSUPPORTED_FORMAT:
                             later.append(i)
@@ -340,10 +364,11 @@ class Reader:
         """Plan clip ``i`` into its compiled decoder's tables, or queue it for PyAV."""
         vid, frames = batch.items[i]
         track = self._catalog.track(vid)
-        decoder = worker.compiled(track)
-        if decoder is None:
+        compiled = worker.compiled(track)
+        if compiled is None:
             later.append(i)
             return
+        decoder, row = compiled
         crop, hflip, vflip = self._clip_geometry(batch, i, seed, track)
         start = thread_time()
         plan = plan_clip(track, frames, self.skip)
@@ -361,6 +386,7 @@ class Reader:
             worker.pixels.matrix(track.colorspace, track.full_range),
             track.prefix,
             track.nal_length_size,
+            row,
         )
         self._count(len(frames), plan.decoded, plan.packets, plan.bytes_read)
 
@@ -412,9 +438,11 @@ class Reader:
             if display in written:
                 return
             positions = plan.targets[display]
-            pixels.write(planes, crop, hflip, vflip, colorspace, full_range, out[positions[0]])
+            y, u, v, shifts = planes
+            first = out[positions[0]]
+            pixels.write((y, u, v), crop, hflip, vflip, colorspace, full_range, first, shifts)
             for t in positions[1:]:
-                out[t] = out[positions[0]]
+                out[t] = first
             written[display] = positions[0]
 
         with files.open(track.path) as fd:
