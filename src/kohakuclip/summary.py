@@ -151,7 +151,21 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
-_COLUMNS = ("video", "frames", "fps", "seconds", "size", "codec", "colour", "bytes", "kb/s", "gop")
+_COLUMNS = (
+    "video",
+    "frames",
+    "fps",
+    "seconds",
+    "size",
+    "codec",
+    "colour",
+    "bytes",
+    "kb/s",
+    "gop",
+    "caption",
+)
+_CAPTION = 40
+"""Characters of a caption shown in the table."""
 _RIGHT = {"frames", "fps", "seconds", "bytes", "kb/s", "gop"}
 
 
@@ -170,6 +184,7 @@ def _row(v: VideoSummary) -> list[str]:
         _size(v.bytes),
         f"{kbps:.0f}",
         str(v.gop),
+        v.caption if len(v.caption) <= _CAPTION else v.caption[: _CAPTION - 3] + "...",
     ]
 
 
