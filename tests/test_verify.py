@@ -169,3 +169,22 @@ def test_problem_lines() -> None:
     assert str(Problem("s.zip", "a.mp4", 3, "bad")) == "s.zip: a.mp4: frame 3: bad"
     assert str(Problem("s.zip", "a.mp4", None, "bad")) == "s.zip: a.mp4: bad"
     assert str(Problem("dir", "", None, "gone")) == "dir: gone"
+
+
+def test_unreadable_sources_are_problems(
+    corpus: Corpus, tmp_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = os.path.join(tmp_path, "missing.zip")
+    garbage = os.path.join(tmp_path, "garbage.zip")
+    with open(garbage, "wb") as f:
+        f.write(b"not a zip at all" * 100)
+    report = verify([missing, garbage, corpus.zip], progress=False)
+    assert [(p.source, p.member, p.frame) for p in report.problems] == [
+        (missing, "", None),
+        (garbage, "", None),
+    ]
+    assert "no such file" in report.problems[0].message
+    assert "not a zip" in report.problems[1].message
+    assert (report.sources, report.videos) == (3, 2)
+    assert main(["verify", missing, "--no-progress"]) == 1
+    assert capsys.readouterr().out.startswith(f"{missing}: no such file or directory")

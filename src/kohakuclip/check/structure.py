@@ -240,12 +240,13 @@ def _value(v: Any) -> str:
     return str(bool(v)).lower() if isinstance(v, (bool, np.bool_)) else str(int(v))
 
 
-def archive_problems(source: str, kind: str) -> tuple[dict[str, Member], list[Problem]]:
-    """A shard's members and the structural problems found in it (CRC, index vs moov)."""
+def archive_problems(source: str, kind: str) -> tuple[dict[str, Member] | None, list[Problem]]:
+    """A shard's members (None if it cannot be listed) and the structural problems found in it
+    (CRC, index vs moov)."""
     try:
         members = archive_members(source, kind)
     except (ArchiveError, OSError) as e:
-        return {}, [Problem(source, "", None, str(e))]
+        return None, [Problem(source, "", None, _strip(str(e), source))]
     problems = zip_crc(source) if kind == "zip" else []
     problems += index_vs_moov(source, members)
     return members, problems

@@ -39,7 +39,8 @@ class _Video:
     vid: int
     info: VideoInfo
     frames: list[int]
-    location: tuple[str, int, int] | None  # file, offset, size of the mp4 (None: gulp)
+    location: tuple[str, int, int] | None  # file, offset, size of the mp4 (None: not one)
+    gulp: bool  # JPEG frames: every frame stands alone, nothing to skip
 
 
 class _Verifier:
@@ -68,10 +69,12 @@ class _Verifier:
             self.add([Problem(path, "", None, "no such file or directory")])
             return
         kind = source_kind(path)
-        members: dict[str, Member] = {}
+        members: dict[str, Member] | None = {}
         if kind in ("zip", "tar"):
             members, problems = archive_problems(path, kind)
             self.add(problems)
+        if members is None:
+            return
         try:
             catalog = Catalog([path], analyze_av1=False)
             names = [ref.member for ref in catalog.videos]
@@ -114,7 +117,7 @@ class _Verifier:
                 continue
             rng = np.random.default_rng([self.seed, vid])
             frames = sampled_frames(info.n, self.sample, rng)
-            videos.append(_Video(vid, info, frames, location))
+            videos.append(_Video(vid, info, frames, location, kind == "gulp"))
         return videos
 
     def _frames(self, path: str, videos: list[_Video]) -> None:
@@ -135,24 +138,23 @@ class _Verifier:
 
     def _video(self, path: str, video: _Video, readers: dict[Skip, FrameReader]) -> None:
         member, frames = video.info.member, video.frames
-        gulp = video.location is None
-        steps = 1 if gulp else 2 + len(FAST_MODES)
+        modes = () if video.gulp else FAST_MODES
+        steps = 1 + len(modes) + (video.location is not None)
 
         def tick(count: int) -> None:
             self.bar.update(count / steps)
 
         full = readers[False].read(video.vid, consecutive(frames), tick)
         found = [Problem(path, member, f, f"reader: {m}") for f, m in sorted(full.errors.items())]
-        if not gulp:
-            assert video.location is not None
+        if video.location is not None:
             window = full.window or (0, 0, video.info.width, video.info.height)
             wanted = None if self.sample is None else set(frames)
             ref = reference_decode(*video.location, window, wanted)
             tick(len(frames))
             found += _against_reference(path, member, video.info.n, frames, full, ref)
-            for mode in FAST_MODES:
-                fast = readers[mode].read(video.vid, strided(frames), tick)
-                found += _against_full(path, member, mode, frames, full, fast)
+        for mode in modes:
+            fast = readers[mode].read(video.vid, strided(frames), tick)
+            found += _against_full(path, member, mode, frames, full, fast)
         found.sort(key=lambda p: -1 if p.frame is None else p.frame)
         self.add(capped(found, 4 * PER_CHECK))
         self.report.frames += len(frames)
