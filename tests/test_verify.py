@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 from shard_media import Corpus, copy_of, make_corpus, probe
 
+from kohakuclip import pack
 from kohakuclip.check import Problem, verify
 from kohakuclip.cli import main
 from kohakuclip.formats import FRAME_RECORD, INDEX_MEMBER
 from kohakuclip.mp4.faststart import faststart
 from kohakuclip.storage.index import VideoIndex
 from kohakuclip.storage.tar import list_tar
-from kohakuclip.storage.zip import find_zip_member
+from kohakuclip.storage.zip import find_zip_member, list_zip
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +124,30 @@ def test_truncated_member(corpus: Corpus, tmp_path: str) -> None:
         assert report.frames == p.frames  # the whole copy was still checked
     (lost,) = [p for p in report.problems if p.member == "a/moov_lost.mp4"]
     assert lost.frame is None and "moov" in lost.message and lost.source == archive
+
+
+def test_truncated_member_of_an_indexed_shard(corpus: Corpus, tmp_path: str) -> None:
+    data = faststart(corpus.data["h264.mp4"])
+    p = probe(data)
+    whole = os.path.join(tmp_path, "whole.zip")
+    pack(whole, [("a.mp4", faststart(corpus.data["av1.mp4"])), ("b.mp4", data)])
+    with zipfile.ZipFile(whole) as z:
+        index = z.read(INDEX_MEMBER)
+    cut = len(data) // 2
+    bad = os.path.join(tmp_path, "cut.zip")  # the same layout, b.mp4 cut short, the old index
+    with zipfile.ZipFile(bad, "w", zipfile.ZIP_STORED) as z:
+        for name, blob in (("a.mp4", faststart(corpus.data["av1.mp4"])), ("b.mp4", data[:cut])):
+            z.writestr(zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0)), blob)
+        z.writestr(zipfile.ZipInfo(INDEX_MEMBER, (1980, 1, 1, 0, 0, 0)), index)
+    assert [m.offset for m in list_zip(bad)][:2] == [m.offset for m in list_zip(whole)][:2]
+    past = {d for d, (pos, size) in zip(p.display, p.positions) if pos + size > cut}
+    report = verify(bad, progress=False)
+    assert _at(report.problems, bad, "a.mp4") == []
+    mine = _at(report.problems, bad, "b.mp4")
+    truncated = [q for q in mine if "truncated" in q.message]
+    assert len(truncated) == 1 and truncated[0].frame == min(past)
+    outside = {q.frame for q in mine if "outside the member" in q.message}
+    assert outside and outside <= past
 
 
 def test_index_that_disagrees_with_the_moov(corpus: Corpus, tmp_path: str) -> None:

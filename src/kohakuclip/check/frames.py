@@ -56,6 +56,7 @@ class FrameReader:
     """Reads clips of one video through a ``Reader`` and digests every frame's window."""
 
     def __init__(self, source: str, skip: Skip, window: int, threads: int, batch: int = 4) -> None:
+        # yuv mode: the window at stored resolution; ``size`` (resizing) is not used
         self.reader = Reader(
             source, size=2, mode="yuv", crop="center", threads=threads, skip=skip, window=window
         )

@@ -48,6 +48,11 @@ class VerifyReport:
         return not self.problems
 
 
+def without_where(message: str, where: str) -> str:
+    """An error message without the ``where:`` prefix that the problem names already."""
+    return message[len(where) + 2 :] if message.startswith(f"{where}: ") else message
+
+
 def capped(problems: list[Problem], limit: int) -> list[Problem]:
     """The first ``limit`` problems of one check, then one line counting the rest."""
     if len(problems) <= limit:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kohakuclip.check.problems import Problem, capped
+from kohakuclip.check.problems import Problem, capped, without_where
 from kohakuclip.formats import FLAG_KEYFRAME, INDEX_MEMBER, VideoEntry
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.mp4.moov import Mp4Track, parse_mp4
@@ -66,7 +66,8 @@ def zip_crc(path: str) -> list[Problem]:
 
 @dataclass(frozen=True)
 class MemberMoov:
-    """A member's parsed moov (None if it does not parse) and what is wrong with it."""
+    """A member's parsed moov (None if it does not parse; a cut member's moov as written) and
+    what is wrong with it."""
 
     track: Mp4Track | None
     problems: list[Problem]
@@ -96,7 +97,7 @@ def member_moov(source: str, member: str, path: str, base: int, size: int) -> Me
             try:
                 return MemberMoov(parse_mp4(_reader(fd, base, size), size, base, where), [])
             except ValueError as e:
-                first = Problem(source, member, None, f"moov: {_strip(str(e), where)}")
+                first = Problem(source, member, None, f"moov: {without_where(str(e), where)}")
             try:
                 track = parse_mp4(_reader(fd, base, size), _UNBOUNDED, base, where)
             except ValueError:
@@ -115,29 +116,38 @@ def member_moov(source: str, member: str, path: str, base: int, size: int) -> Me
         f"{len(end)} samples (from sample {int(cut[0])} in decode order) up to byte "
         f"{int(end.max())}"
     )
-    return MemberMoov(None, [Problem(source, member, frame, message)])
+    return MemberMoov(track, [Problem(source, member, frame, message)])
 
 
-def _strip(message: str, where: str) -> str:
-    """An error message without the ``where`` prefix the problem already carries."""
-    return message[len(where) + 2 :] if message.startswith(f"{where}: ") else message
+@dataclass
+class ArchiveCheck:
+    """A shard's members (None: it cannot be listed), its problems, and the members whose moov
+    is broken or cut short (reading them would fail at every frame)."""
+
+    members: dict[str, Member] | None
+    problems: list[Problem]
+    broken: set[str]
 
 
-def index_vs_moov(source: str, members: dict[str, Member]) -> list[Problem]:
-    """The shard's KCIDX1 index against the moov of every member (empty if it has no index)."""
+def index_vs_moov(source: str, members: dict[str, Member]) -> ArchiveCheck:
+    """The shard's KCIDX1 index against the moov of every member (no problems when it has no
+    index); what is wrong with a member's moov itself is reported too."""
+    check = ArchiveCheck(members, [], set())
     index_member = members.get(INDEX_MEMBER)
     if index_member is None:
-        return []
+        return check
     where = f"{source}:{INDEX_MEMBER}"
     with open(source, "rb") as f:
         raw = os.pread(f.fileno(), index_member.size, index_member.offset)
     if len(raw) != index_member.size:
-        return [Problem(source, INDEX_MEMBER, None, "index member is truncated")]
+        check.problems.append(Problem(source, INDEX_MEMBER, None, "index member is truncated"))
+        return check
     try:
         index = VideoIndex.from_buffer(raw, where)
     except IndexFormatError as e:
-        return [Problem(source, INDEX_MEMBER, None, _strip(str(e), where))]
-    problems = []
+        check.problems.append(Problem(source, INDEX_MEMBER, None, without_where(str(e), where)))
+        return check
+    problems = check.problems
     indexed = {v.member for v in index.videos}
     for name in sorted(members):
         if name not in indexed and name.lower().endswith(VIDEO_SUFFIXES):
@@ -150,14 +160,22 @@ def index_vs_moov(source: str, members: dict[str, Member]) -> list[Problem]:
         rows = index.frames[entry.row : entry.row + entry.n]
         moov = member_moov(source, entry.member, source, member.offset, member.size)
         problems.extend(moov.problems)
-        problems.extend(_rows_inside(source, entry.member, rows, member))
+        if moov.problems:
+            check.broken.add(entry.member)
+        problems.extend(_rows_inside(source, entry.member, rows, member, moov.track))
         if moov.track is not None:
             problems.extend(_entry_vs_track(source, entry, rows, moov.track))
-    return problems
+    return check
 
 
-def _rows_inside(source: str, name: str, rows: np.ndarray, member: Member) -> list[Problem]:
+def _rows_inside(
+    source: str, name: str, rows: np.ndarray, member: Member, track: Mp4Track | None
+) -> list[Problem]:
     """Index records must lie inside their member, ``keep`` within its sample."""
+
+    def frame(sample: int) -> int | None:
+        return None if track is None or sample >= len(track.display) else _display(track, sample)
+
     start = rows["offset"].astype(np.int64)
     end = start + rows["size"]
     problems = []
@@ -166,7 +184,7 @@ def _rows_inside(source: str, name: str, rows: np.ndarray, member: Member) -> li
         Problem(
             source,
             name,
-            None,
+            frame(i),
             f"index sample {i}: bytes {start[i]}..{end[i]} lie outside "
             f"the member ({member.offset}..{member.offset + member.size})",
         )
@@ -177,7 +195,7 @@ def _rows_inside(source: str, name: str, rows: np.ndarray, member: Member) -> li
         Problem(
             source,
             name,
-            None,
+            frame(i),
             f"index sample {i}: keep {rows['keep'][i]} exceeds its size {rows['size'][i]}",
         )
         for i in bad_keep.tolist()
@@ -240,13 +258,13 @@ def _value(v: Any) -> str:
     return str(bool(v)).lower() if isinstance(v, (bool, np.bool_)) else str(int(v))
 
 
-def archive_problems(source: str, kind: str) -> tuple[dict[str, Member] | None, list[Problem]]:
-    """A shard's members (None if it cannot be listed) and the structural problems found in it
-    (CRC, index vs moov)."""
+def archive_problems(source: str, kind: str) -> ArchiveCheck:
+    """The structural problems of a zip or tar shard: CRC, index vs moov, members cut short."""
     try:
         members = archive_members(source, kind)
     except (ArchiveError, OSError) as e:
-        return None, [Problem(source, "", None, _strip(str(e), source))]
-    problems = zip_crc(source) if kind == "zip" else []
-    problems += index_vs_moov(source, members)
-    return members, problems
+        return ArchiveCheck(None, [Problem(source, "", None, without_where(str(e), source))], set())
+    crc = zip_crc(source) if kind == "zip" else []
+    check = index_vs_moov(source, members)
+    check.problems[:0] = crc
+    return check

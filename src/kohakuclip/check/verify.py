@@ -10,7 +10,7 @@ import numpy as np
 from tqdm import tqdm
 
 from kohakuclip.check.frames import FrameDigests, FrameReader, consecutive, strided
-from kohakuclip.check.problems import Problem, VerifyReport, capped
+from kohakuclip.check.problems import Problem, VerifyReport, capped, without_where
 from kohakuclip.check.reference import ReferenceDecode, reference_decode
 from kohakuclip.check.structure import PER_CHECK, archive_problems, member_moov, source_kind
 from kohakuclip.formats import INDEX_MEMBER
@@ -69,12 +69,14 @@ class _Verifier:
             self.add([Problem(path, "", None, "no such file or directory")])
             return
         kind = source_kind(path)
-        members: dict[str, Member] | None = {}
+        members: dict[str, Member] = {}
+        broken: set[str] = set()
         if kind in ("zip", "tar"):
-            members, problems = archive_problems(path, kind)
-            self.add(problems)
-        if members is None:
-            return
+            check = archive_problems(path, kind)
+            self.add(check.problems)
+            if check.members is None:
+                return
+            members, broken = check.members, check.broken
         try:
             catalog = Catalog([path], analyze_av1=False)
             names = [ref.member for ref in catalog.videos]
@@ -84,7 +86,7 @@ class _Verifier:
             self.add([Problem(path, "", None, f"the reader cannot open it: {e}")])
             return
         with probe:
-            videos = self._videos(probe, path, kind, names, members)
+            videos = self._videos(probe, path, kind, names, members, broken)
         self.report.videos += len(names)
         if videos:
             self._frames(path, videos)
@@ -96,12 +98,16 @@ class _Verifier:
         kind: str,
         names: list[str],
         members: dict[str, Member],
+        broken: set[str],
     ) -> list[_Video]:
         """The videos whose frames can be checked; the moov of each video no index covers is
-        checked on the way (an indexed one was, against its index)."""
+        checked on the way (an indexed one was, against its index). A member whose moov is
+        broken or cut short (``broken``, or found here) is not read: every frame would fail."""
         moov_only = kind == "folder" or (kind != "gulp" and INDEX_MEMBER not in members)
         videos = []
         for vid, member in enumerate(names):
+            if member in broken:
+                continue
             location = _location(path, kind, member, members)
             if moov_only and location is not None:
                 moov = member_moov(path, member, *location)
@@ -111,8 +117,7 @@ class _Verifier:
             try:
                 info = probe.info(vid)
             except (ValueError, OSError) as e:
-                where = f"{path}:{member}"
-                message = str(e)[len(where) + 2 :] if str(e).startswith(where) else str(e)
+                message = without_where(str(e), f"{path}:{member}")
                 self.add([Problem(path, member, None, f"the reader cannot open it: {message}")])
                 continue
             rng = np.random.default_rng([self.seed, vid])
@@ -145,7 +150,11 @@ class _Verifier:
             self.bar.update(count / steps)
 
         full = readers[False].read(video.vid, consecutive(frames), tick)
-        found = [Problem(path, member, f, f"reader: {m}") for f, m in sorted(full.errors.items())]
+        where = f"{path}:{member}"
+        found = [
+            Problem(path, member, f, f"reader: {without_where(m, where)}")
+            for f, m in sorted(full.errors.items())
+        ]
         if video.location is not None:
             window = full.window or (0, 0, video.info.width, video.info.height)
             wanted = None if self.sample is None else set(frames)
