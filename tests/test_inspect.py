@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 
 import av
 import numpy as np
@@ -110,7 +111,9 @@ def test_contact_sheet(corpus: Corpus, capsys: pytest.CaptureFixture[str], tmp_p
     out = os.path.join(tmp_path, "sheet.png")
     columns, thumb = 5, 40
     args = ["inspect", corpus.zip, "--sheet", out, "--columns", str(columns), "--thumb", str(thumb)]
+    before = set(threading.enumerate())
     assert main([*args, "--threads", "2"]) == 0
+    assert set(threading.enumerate()) <= before
     capsys.readouterr()
     layout = SheetLayout(columns, thumb)
     sheet = np.asarray(Image.open(out).convert("RGB"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import zipfile
 
 import numpy as np
@@ -63,7 +64,9 @@ def _at(problems: list[Problem], source: str, member: str) -> list[Problem]:
 
 def test_good_sources_pass(corpus: Corpus, capsys: pytest.CaptureFixture[str]) -> None:
     sources = [corpus.zip, corpus.tar, corpus.folder, corpus.gulp]
+    before = set(threading.enumerate())
     report = verify(sources, threads=2, progress=False)
+    assert set(threading.enumerate()) <= before  # every reader's threads joined
     assert report.problems == []
     assert (report.sources, report.videos) == (4, 8)
     assert report.frames == 3 * (40 + 36) + 6 + 7

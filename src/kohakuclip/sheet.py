@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from kohakuclip.read.reader import Reader, VideoInfo
+from kohakuclip.read.pool import Pending
+from kohakuclip.read.reader import Batch, Reader, VideoInfo
 
 BACKGROUND = (255, 255, 255)
 TEXT = (20, 20, 20)
@@ -72,22 +73,24 @@ def _rows(source: str, layout: SheetLayout, limit: int, threads: int) -> list[_R
         reader = Reader(source, size=layout.thumb, crop="center", threads=threads, seed=0)
     except (ValueError, OSError) as e:
         return [_Row((source, f"cannot open: {e}"), None)]
-    rows = []
+    rows: list[_Row | tuple[tuple[str, str], Pending[Batch]]] = []
     with reader:
-        for vid in range(min(len(reader), limit)):
+        for vid in range(min(len(reader), limit)):  # every clip queued, then collected
             try:
                 info = reader.info(vid)
             except (ValueError, OSError) as e:
                 rows.append(_Row((f"video {vid} of {source}", f"cannot open: {e}"), None))
                 continue
-            labels = _labels(info)
-            try:
-                tiles = reader.read([(vid, spread_frames(info.n, layout.columns))]).video[0]
-            except (ValueError, RuntimeError) as e:
-                rows.append(_Row((labels[0], f"unreadable: {e.__cause__ or e}"), None))
-                continue
-            rows.append(_Row(labels, tiles))
-    return rows
+            frames = spread_frames(info.n, layout.columns)
+            rows.append((_labels(info), reader.submit([(vid, frames)])))
+        return [row if isinstance(row, _Row) else _collect(*row) for row in rows]
+
+
+def _collect(labels: tuple[str, str], pending: Pending[Batch]) -> _Row:
+    try:
+        return _Row(labels, pending.result().video[0])
+    except (ValueError, RuntimeError) as e:
+        return _Row((labels[0], f"unreadable: {e.__cause__ or e}"), None)
 
 
 def _fit(text: str, font: ImageFont.ImageFont | ImageFont.FreeTypeFont, width: int) -> str:

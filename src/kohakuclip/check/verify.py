@@ -49,7 +49,7 @@ class _Verifier:
         sample: int | None,
         threads: int,
         seed: int,
-        bar: tqdm,
+        bar: tqdm | _NoBar,
         on_problem: Callable[[Problem], None] | None,
     ) -> None:
         self.sample, self.threads, self.seed = sample, threads, seed
@@ -252,9 +252,31 @@ def verify(
     given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     paths = [os.fspath(p) for p in given]
     shape = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total} frames [{elapsed}<{remaining}]"
-    with tqdm(total=0, disable=not progress, dynamic_ncols=True, bar_format=shape) as bar:
+    with tqdm(total=0, dynamic_ncols=True, bar_format=shape) if progress else _NoBar() as bar:
         verifier = _Verifier(sample, max(1, threads), seed, bar, on_problem)
         for path in paths:
             bar.set_description(os.path.basename(path.rstrip("/")) or path)
             verifier.source(path)
     return verifier.report
+
+
+class _NoBar:
+    """Stands in for the progress bar when there is none (a disabled tqdm still starts its
+    monitor thread)."""
+
+    total = 0
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: float) -> None:
+        return None
+
+    def refresh(self) -> None:
+        return None
+
+    def set_description(self, text: str) -> None:
+        return None
