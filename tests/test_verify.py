@@ -214,5 +214,7 @@ def test_unreadable_sources_are_problems(
     assert "no such file" in report.problems[0].message
     assert "not a zip" in report.problems[1].message
     assert (report.sources, report.videos) == (3, 2)
+    with pytest.raises(ValueError, match="sample must be at least 1"):
+        verify(corpus.zip, sample=0)
     assert main(["verify", missing, "--no-progress"]) == 1
     assert capsys.readouterr().out.startswith(f"{missing}: no such file or directory")

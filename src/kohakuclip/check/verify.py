@@ -249,6 +249,8 @@ def verify(
     member (the stored-resolution centre window, bit for bit); and the same frames read with
     ``skip="keep"`` and ``skip=True`` against the full decode.
     """
+    if sample is not None and sample < 1:
+        raise ValueError(f"sample must be at least 1 frame per video, got {sample}")
     given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     paths = [os.fspath(p) for p in given]
     shape = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total} frames [{elapsed}<{remaining}]"
