@@ -97,7 +97,10 @@ def test_compiled_decoder_produces_what_pyav_produces(shards: Shards) -> None:
         out = np.zeros((3, 4, yuv420_frame_bytes(128)), np.uint8)
         status = Dav1dClips().run(tables, out)
         decoder = ClipDecoder()
-        produced = [decoder.decode(track, plan, fd, lambda planes, display: None) for plan in plans]
+        produced = [
+            decoder.decode(track, plan, lambda o, n: os.pread(fd, n, o), lambda p, d: None)
+            for plan in plans
+        ]
     finally:
         os.close(fd)
     assert status[:, 0].tolist() == [0, 0, 0]

@@ -1,7 +1,9 @@
 """A thread's share of a batch, decoded in one compiled call that never takes the GIL.
 
 Python plans each clip (``read.plan``) and flattens the plans into integer tables
-(``ShareTables``); one numba call then reads every planned byte range (``pread``), feeds the
+(``ShareTables``); one numba call then reads every planned byte range (``pread``; for a clip
+in object storage, descriptor -1, the range comes from ``fetched``: every remote range of the
+share, fetched concurrently in Python before the call, ``ShareTables.fetch``), feeds the
 packets to the decoder (libdav1d for 8-bit 4:2:0 AV1, ``_dav1d``; libavcodec for H.264, HEVC
 and JPEG, ``_avcodec``), writes each wanted picture into its batch slots
 (``_frame.write_frame``) and reports a status per clip. Beside a training thread that keeps
@@ -11,7 +13,8 @@ Tables (int64):
 
 - ``clips`` [C, CLIP_FIELDS]: descriptor, GOP and target ranges, batch slot, crop and flips,
   matrix row, prefix range, NAL length size, decoder row.
-- ``gops`` [G, 4]: file offset, length, first and end packet of each read.
+- ``gops`` [G, 5]: file offset, length, first and end packet of each read, and where the read
+  starts in ``fetched`` (-1: ``pread`` from the clip's descriptor).
 - ``packets`` [P, 3]: first and end piece, display index (the decoder's timestamp).
 - ``pieces`` [Q, 2]: byte ranges inside the read.
 - ``targets`` [T, 3]: display index, first and end row in ``positions`` (output frames).
@@ -39,6 +42,8 @@ FD, GOP_FIRST, GOP_END, TARGET_FIRST, TARGET_END, SLOT = 0, 1, 2, 3, 4, 5
 CROP = 6  # x, y, w, h, hflip, vflip, chroma shift x, y: eight columns (``_frame.write_frame``)
 MATRIX, PREFIX_FIRST, PREFIX_END, NAL_LENGTH_SIZE, DECODER = 14, 15, 16, 17, 18
 CLIP_FIELDS = 19
+
+GOP_FETCHED = 4  # gops column: start in ``fetched``
 
 # per-clip status codes
 OK = 0
@@ -86,6 +91,19 @@ def _read_fully(fd: int, buf: np.ndarray, length: int, offset: int) -> bool:
         if got <= 0:
             return False
         done += got
+    return True
+
+
+@numba.njit(inline="always")
+def _read_gop(fd: int, gop: np.ndarray, fetched: np.ndarray, buf: np.ndarray) -> bool:
+    """A GOP's bytes into ``buf``: from the descriptor, or copied from ``fetched``."""
+    length = gop[1]
+    if fd >= 0:
+        return _read_fully(fd, buf, length, gop[0])
+    start = gop[GOP_FETCHED]
+    if start < 0 or start + length > len(fetched):
+        return False
+    buf[:length] = fetched[start : start + length]
     return True
 
 
@@ -174,6 +192,7 @@ def decode_dav1d(
     matrices: np.ndarray,
     scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     settings: np.ndarray,
+    fetched: np.ndarray,
     buf: np.ndarray,
     out: np.ndarray,
     status: np.ndarray,
@@ -200,7 +219,7 @@ def decode_dav1d(
         width, height = crop[0] + crop[2], crop[1] + crop[3]
         for g in range(clips[c, GOP_FIRST], clips[c, GOP_END]):
             start = _now(clock)
-            if not _read_fully(clips[c, FD], buf, gops[g, 1], gops[g, 0]):
+            if not _read_gop(clips[c, FD], gops[g], fetched, buf):
                 code = SHORT_READ
                 break
             mark = _now(clock)
@@ -352,6 +371,7 @@ def decode_avcodec(
     matrices: np.ndarray,
     scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     settings: np.ndarray,
+    fetched: np.ndarray,
     buf: np.ndarray,
     packet: np.ndarray,
     neutral: np.ndarray,
@@ -377,7 +397,7 @@ def decode_avcodec(
         decode_ns = 0
         for g in range(clips[c, GOP_FIRST], clips[c, GOP_END]):
             start = _now(clock)
-            if not _read_fully(clips[c, FD], buf, gops[g, 1], gops[g, 0]):
+            if not _read_gop(clips[c, FD], gops[g], fetched, buf):
                 code = SHORT_READ
                 break
             mark = _now(clock)
@@ -445,7 +465,7 @@ class ShareTables:
     size: int
     window: int
     clips: list[list[int]] = field(default_factory=list)
-    gops: list[tuple[int, int, int, int]] = field(default_factory=list)
+    gops: list[list[int]] = field(default_factory=list)
     packets: list[tuple[int, int, int]] = field(default_factory=list)
     pieces: list[tuple[int, int]] = field(default_factory=list)
     targets: list[tuple[int, int, int]] = field(default_factory=list)
@@ -453,6 +473,8 @@ class ShareTables:
     prefixes: list[bytes] = field(default_factory=list)
     matrices: list[np.ndarray] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
+    remote: list[tuple[Any, int]] = field(default_factory=list)  # (object, gops row) to fetch
+    fetched: np.ndarray = field(default_factory=lambda: np.zeros(1, np.uint8))
     longest_read: int = 0
     tallest: int = 0
     gray: tuple[int, int] = (1, 1)  # (height, width) a neutral chroma plane must cover
@@ -474,10 +496,14 @@ class ShareTables:
         prefix: bytes = b"",
         nal_length_size: int = 0,
         decoder: int = 0,
+        remote: Any = None,
     ) -> None:
         """Append one planned clip (``plan``: a ``read.plan.ClipPlan``) bound for batch
         ``slot``; ``crop`` in the decoded picture's pixels; ``decoder``: the row of the
-        driver's decoder table that takes it."""
+        driver's decoder table that takes it. ``remote``: the clip's object in object storage
+        (a ``storage.remote.RemoteObject``; ``fd`` is then ignored): its ranges are read by
+        ``fetch``."""
+        fd = -1 if remote is not None else fd
         row = [0] * CLIP_FIELDS
         row[FD], row[SLOT] = fd, slot
         row[CROP : CROP + 8] = [*crop, int(flips[0]), int(flips[1]), 1, 1]
@@ -490,7 +516,9 @@ class ShareTables:
             for piece_list, display in gop.packets:
                 self.packets.append((len(self.pieces), len(self.pieces) + len(piece_list), display))
                 self.pieces.extend(piece_list)
-            self.gops.append((gop.offset, gop.length, first_packet, len(self.packets)))
+            if remote is not None:
+                self.remote.append((remote, len(self.gops)))
+            self.gops.append([gop.offset, gop.length, first_packet, len(self.packets), -1])
             self.longest_read = max(self.longest_read, gop.length + len(prefix))
         row[GOP_END] = len(self.gops)
         row[TARGET_FIRST] = len(self.targets)
@@ -501,6 +529,22 @@ class ShareTables:
         self.tallest = max(self.tallest, crop[3])
         self.clips.append(row)
         self.slots.append(slot)
+
+    def fetch(self) -> int:
+        """Read every remote GOP range of the share into ``fetched`` (concurrent ranged GETs,
+        touching ranges coalesced); returns the bytes fetched. Raises ``ObjectStoreError``."""
+        if not self.remote:
+            return 0
+        from kohakuclip.storage.remote import gather_into
+
+        wanted = [
+            (obj, self.gops[row][0], self.gops[row][0] + self.gops[row][1])
+            for obj, row in self.remote
+        ]
+        self.fetched, starts = gather_into(wanted)
+        for (_, row), start in zip(self.remote, starts):
+            self.gops[row][GOP_FETCHED] = start
+        return len(self.fetched)
 
     def _matrix_row(self, matrix: np.ndarray) -> int:
         key = matrix.tobytes()
@@ -521,7 +565,7 @@ class ShareTables:
         s = self.size
         return {
             "clips": np.array(self.clips, np.int64).reshape(-1, CLIP_FIELDS),
-            "gops": np.array(self.gops, np.int64).reshape(-1, 4),
+            "gops": np.array(self.gops, np.int64).reshape(-1, 5),
             "packets": np.array(self.packets, np.int64).reshape(-1, 3),
             "pieces": np.array(self.pieces, np.int64).reshape(-1, 2),
             "targets": np.array(self.targets, np.int64).reshape(-1, 3),
@@ -571,7 +615,7 @@ class Dav1dClips(_Driver):
         decode_dav1d(
             decoder._handle, decoder._data, decoder._picture, a["clips"], a["gops"],
             a["packets"], a["pieces"], a["targets"], a["positions"], a["prefixes"],
-            a["matrices"], a["scratch"], a["settings"], self.buf, out, status,
+            a["matrices"], a["scratch"], a["settings"], tables.fetched, self.buf, out, status,
             self.seconds,
         )  # fmt: skip
         return status
@@ -603,7 +647,7 @@ class AvcodecClips(_Driver):
         decode_avcodec(
             self._handles, self._picture, a["clips"], a["gops"], a["packets"], a["pieces"],
             a["targets"], a["positions"], a["prefixes"], a["matrices"], a["scratch"],
-            a["settings"], self.buf, self._packet, self._neutral, out, status,
+            a["settings"], tables.fetched, self.buf, self._packet, self._neutral, out, status,
             self.seconds,
         )  # fmt: skip
         return status

@@ -9,7 +9,6 @@ wanted frames whatever the decode order.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from functools import cache
 from time import thread_time
@@ -23,6 +22,7 @@ from kohakuclip.decode.pixels import Planes, frame_planes
 from kohakuclip.read.plan import ClipPlan, GopRead
 from kohakuclip.storage.catalog import VideoTrack
 
+ReadAt = Callable[[int, int], "bytes | memoryview"]  # (offset, length) -> bytes
 _DECODERS = {"av1": "libdav1d", "h264": "h264", "hevc": "hevc"}
 
 
@@ -96,31 +96,37 @@ class ClipDecoder:
         self,
         track: VideoTrack,
         plan: ClipPlan,
-        fd: int,
+        read: ReadAt,
         on_frame: Callable[[Planes, int], None],
     ) -> int:
-        """Feed every planned packet; calls ``on_frame(planes, display_index)`` for wanted
-        frames (Y, U, V arrays over whole rows, valid during the call).
+        """Feed every planned packet (each GOP's bytes from ``read(offset, length)``: a pread
+        of the video's file, or ranges fetched from object storage); calls
+        ``on_frame(planes, display_index)`` for wanted frames (Y, U, V arrays over whole rows,
+        valid during the call).
 
         Returns the number of frames the decoder produced. Thread CPU time goes to
         ``seconds``: ``read`` (preads), ``pixels`` (in ``on_frame``), ``decode`` (the rest).
         """
         seconds = self.seconds
         started, read_before = thread_time(), seconds["read"]
-        produced, in_callbacks = self._decode_pyav(track, plan, fd, on_frame)
+        produced, in_callbacks = self._decode_pyav(track, plan, read, on_frame)
         seconds["pixels"] += in_callbacks
         elapsed = thread_time() - started
         seconds["decode"] += elapsed - in_callbacks - (seconds["read"] - read_before)
         return produced
 
     def _decode_pyav(
-        self, track: VideoTrack, plan: ClipPlan, fd: int, on_frame: Callable[[Planes, int], None]
+        self,
+        track: VideoTrack,
+        plan: ClipPlan,
+        read: ReadAt,
+        on_frame: Callable[[Planes, int], None],
     ) -> tuple[int, float]:
         ctx = self._context(track.codec)
         targets = plan.targets
         in_callbacks = 0.0
         produced = 0
-        for packet in self._packets(track, plan, fd):
+        for packet in self._packets(track, plan, read):
             for frame in ctx.decode(packet):
                 produced += 1
                 display = frame.pts
@@ -131,9 +137,9 @@ class ClipDecoder:
         ctx.flush_buffers()
         return produced, in_callbacks
 
-    def _read(self, fd: int, gop: GopRead) -> bytes:
+    def _read(self, read: ReadAt, gop: GopRead) -> bytes | memoryview:
         start = thread_time()
-        buf = os.pread(fd, gop.length, gop.offset)
+        buf = read(gop.offset, gop.length)
         self.seconds["read"] += thread_time() - start
         if len(buf) != gop.length:
             raise ClipDecodeError(
@@ -141,8 +147,10 @@ class ClipDecoder:
             )
         return buf
 
-    def _packets(self, track: VideoTrack, plan: ClipPlan, fd: int) -> Iterator[av.Packet | None]:
-        """The plan's packets (display index as pts), one pread per GOP, then None (drain)."""
+    def _packets(
+        self, track: VideoTrack, plan: ClipPlan, read: ReadAt
+    ) -> Iterator[av.Packet | None]:
+        """The plan's packets (display index as pts), one read per GOP, then None (drain)."""
         annexb = None
         if track.nal_length_size:
             from kohakuclip.codecs.annexb import to_annexb
@@ -150,7 +158,7 @@ class ClipDecoder:
             annexb = to_annexb
         prefix = track.prefix
         for gop in plan.reads:
-            view = memoryview(self._read(fd, gop))
+            view = memoryview(self._read(read, gop))
             first = True
             for pieces, display in gop.packets:
                 data: bytes | memoryview

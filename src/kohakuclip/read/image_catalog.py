@@ -6,6 +6,9 @@ images holds no per-image Python objects. Plain sources (zips with stored or def
 tars, folder trees) are listed once; their images' sizes and codecs come from the bytes when an
 image is read or ``info`` asks. A GulpIO directory gives one image per stored frame (image gulps
 hold one frame per id, video gulps every frame), located through its flat ``GulpIndex``.
+Zip shards and image files may also be objects in object storage (``storage.remote``; a URL
+ending in ``/`` lists the shards or images under it): an indexed remote shard's table is read
+once whole instead of mapped.
 """
 
 from __future__ import annotations
@@ -24,8 +27,22 @@ from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.read.image_manifest import ImageManifest
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.folder import list_folder
-from kohakuclip.storage.image_index import find_image_index, map_image_index, member_names
+from kohakuclip.storage.image_index import (
+    find_image_index,
+    load_image_index,
+    map_image_index,
+    member_names,
+)
 from kohakuclip.storage.index import IndexFormatError
+from kohakuclip.storage.ranged import Objects
+from kohakuclip.storage.remote import (
+    ObjectStoreError,
+    RemoteObject,
+    is_url,
+    list_objects,
+    local_path,
+    suffix_of,
+)
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import ArchiveError, Member, list_zip
 from kohakuclip.write.image_sources import IMAGE_SUFFIXES
@@ -48,6 +65,7 @@ class ImageLocation:
     width: int
     height: int
     color: int
+    remote: RemoteObject | None = None  # the object to read from, for a source in object storage
 
 
 @dataclass
@@ -63,13 +81,29 @@ class _Source:
     sizes: np.ndarray | None = None
     compressed: np.ndarray | None = None
     gulp: GulpIndex | None = None
+    remote: bool = False
 
 
 class ImageCatalog:
     """Image ids ``0 .. len-1`` over the sources, in source order."""
 
-    def __init__(self, sources: list[str], use_index: bool = True) -> None:
-        self.sources = [self._open(os.fspath(p), use_index) for p in sources]
+    def __init__(
+        self,
+        sources: list[str],
+        use_index: bool = True,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.objects = Objects(FileCache(64), storage_options)
+        self.sources = []
+        for p in sources:
+            path = local_path(os.fspath(p))
+            if not is_url(path):
+                self.sources.append(self._open(path, use_index))
+                continue
+            try:
+                self.sources.extend(self._open_remote(path, use_index))
+            except ObjectStoreError as e:
+                raise ImageSourceError(str(e)) from None
         counts = np.array([s.count for s in self.sources], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self._lock = threading.Lock()
@@ -97,6 +131,40 @@ class ImageCatalog:
         except (ArchiveError, IndexFormatError) as e:
             raise ImageSourceError(str(e)) from None
 
+    def _open_remote(self, url: str, use_index: bool) -> list[_Source]:
+        """An image shard in object storage, or every shard and image under a prefix."""
+        if not url.endswith("/"):
+            return [self._open_object(url, use_index)]
+        found = list_objects(url, self.objects.options)
+        shards, names = [], []
+        for name, meta in found:
+            self.objects.remote(name, meta)
+            if suffix_of(name) == ".zip":
+                shards.append(self._open_object(name, use_index))
+            elif name.lower().endswith(IMAGE_SUFFIXES):
+                names.append(name[len(url) :])
+        if names:
+            shards.append(_Source(url, "folder", len(names), names=names, remote=True))
+        if not shards:
+            raise ImageSourceError(f"{url}: no zip shards or images under this prefix")
+        return shards
+
+    def _open_object(self, url: str, use_index: bool) -> _Source:
+        if suffix_of(url) != ".zip":
+            raise ImageSourceError(f"{url}: only zip shards and image files are read from URLs")
+        obj = self.objects.remote(url)
+        try:
+            found = find_image_index(obj) if use_index else None
+            if found is not None:
+                src = _Source(url, "indexed", found[1], index_member=found[0], remote=True)
+                src.records, src.records_pid = load_image_index(obj, found[0]), -2
+                return src
+            plain = self._plain(url, "zip", list_zip(obj))
+            plain.remote = True
+            return plain
+        except (ArchiveError, IndexFormatError) as e:
+            raise ImageSourceError(str(e)) from None
+
     @staticmethod
     def _plain(path: str, kind: str, members: list[Member]) -> _Source:
         images = [m for m in members if m.name.lower().endswith(IMAGE_SUFFIXES)]
@@ -118,14 +186,17 @@ class ImageCatalog:
         self._lock = threading.Lock()
         self._manifest = None
         for src in self.sources:
-            if src.records_pid != os.getpid():
+            if src.records_pid not in (os.getpid(), -2):
                 src.records = None
+        self.objects = self.objects.after_fork(FileCache(64))
 
     def _find(self, image_id: int) -> tuple[_Source, int]:
         s = int(np.searchsorted(self._starts, image_id, side="right")) - 1
         return self.sources[s], image_id - int(self._starts[s])
 
     def _records(self, src: _Source) -> np.ndarray:
+        if src.records is not None and src.records_pid == -2:  # read whole (remote)
+            return src.records
         if src.records is None or src.records_pid != os.getpid():
             records = map_image_index(src.path, src.index_member)
             assert records is not None
@@ -166,6 +237,8 @@ class ImageCatalog:
                 "caption": caption if isinstance(caption, str) else None,
                 "meta": meta,
             }
+        if src.remote:
+            return {"key": None, "caption": None, "meta": None}
         with self._lock:
             if self._manifest is None:
                 self._manifest = ImageManifest()
@@ -181,7 +254,8 @@ class ImageCatalog:
         if src.kind == "indexed" and not src.names:
             with self._lock:
                 if not src.names:
-                    src.names = member_names(src.path, self._records(src))
+                    with self.objects.open(src.path) as f:
+                        src.names = member_names(f, self._records(src))
         return src.names[k]
 
     def where(self, image_id: int) -> str:
@@ -214,6 +288,7 @@ class ImageCatalog:
                 int(rec["width"]),
                 int(rec["height"]),
                 int(rec["color"]),
+                self.objects.remote(src.path) if src.remote else None,
             )
         if src.gulp is not None:
             video, _ = self._gulp_frame(src.gulp, k)
@@ -229,6 +304,10 @@ class ImageCatalog:
                 0,
             )
         where = f"{src.path}:{src.names[k]}"
+        if src.kind == "folder" and src.remote:
+            url = src.path + src.names[k]
+            obj = self.objects.remote(url)
+            return ImageLocation(where, url, 0, obj.size, False, "", 0, 0, 0, obj)
         if src.kind == "folder":
             path = os.path.join(src.path, src.names[k])
             return ImageLocation(where, path, 0, -1, False, "", 0, 0, 0)
@@ -243,6 +322,7 @@ class ImageCatalog:
             0,
             0,
             0,
+            self.objects.remote(src.path) if src.remote else None,
         )
 
     @staticmethod
@@ -251,8 +331,14 @@ class ImageCatalog:
         if loc.size < 0:
             with open(loc.path, "rb") as f:
                 return f.read()
-        with files.open(loc.path) as fd:
-            data = os.pread(fd, loc.size, loc.offset)
+        if loc.remote is not None:
+            try:
+                data = loc.remote.read(loc.offset, loc.size)
+            except ObjectStoreError as e:
+                raise ImageSourceError(str(e)) from None
+        else:
+            with files.open(loc.path) as fd:
+                data = os.pread(fd, loc.size, loc.offset)
         if len(data) != loc.size:
             raise ImageSourceError(f"{loc.where}: truncated ({len(data)} of {loc.size} bytes)")
         if loc.compressed:

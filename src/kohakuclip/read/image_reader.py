@@ -28,6 +28,7 @@ from kohakuclip.read.plan import ClipPlan, GopRead
 from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
 from kohakuclip.read.seeding import generator
 from kohakuclip.storage.files import FileCache
+from kohakuclip.storage.remote import ObjectStoreError
 
 if TYPE_CHECKING:
     from kohakuclip.decode._clips import AvcodecClips, ShareTables
@@ -115,7 +116,9 @@ class ImageReader:
     to ``size`` and flipped; "yuv": the window at stored resolution in the top-left of a
     ``yuv_size`` square, unflipped, so windows must fit in it). JPEG is shrunk in the DCT when
     the window allows (``dct_scale``; not in "yuv" mode). Decoding runs on ``threads`` threads;
-    every random choice of a batch comes from its seed.
+    every random choice of a batch comes from its seed. Sources may be URLs (``s3://``,
+    ``gs://``, ``az://``, ``http(s)://``, ``file://``; a URL ending in ``/`` lists the zip
+    shards or images under it), read by ranged GETs with ``storage_options`` (as ``Reader``).
     """
 
     def __init__(
@@ -134,6 +137,7 @@ class ImageReader:
         yuv_size: int = 512,
         use_index: bool = True,
         open_files: int = 4096,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         if mode not in get_args(ImageMode):
             raise ValueError(f"mode must be one of {get_args(ImageMode)}, got {mode!r}")
@@ -160,7 +164,7 @@ class ImageReader:
         self.hflip, self.vflip, self.dct_scale = hflip, vflip, dct_scale
         self.yuv_size = yuv_size
         self._open_files = open_files
-        self._catalog = ImageCatalog([os.fspath(p) for p in paths], use_index)
+        self._catalog = ImageCatalog([os.fspath(p) for p in paths], use_index, storage_options)
         self._rng = np.random.default_rng(seed)
         self._compiled = True  # False: every image through PyAV / Pillow (the tests' twin)
         self._pid = -1
@@ -187,7 +191,7 @@ class ImageReader:
             data = ImageCatalog.read(loc, files)
             codec = codec or sniff_codec(data)
             width, height = ImageDecoder(2, "rgb").probe(data, codec)
-        size = loc.size if loc.size >= 0 else os.path.getsize(loc.path)
+        size = loc.size if loc.size >= 0 else os.path.getsize(loc.path)  # local folder files
         record = self.metadata(image_id)
         meta = _as_dict(record["meta"])
         if record["caption"] is not None and "caption" not in meta:
@@ -288,7 +292,15 @@ class ImageReader:
                         later.append(i)
                     except Exception as e:
                         errors[i] = e
+                fetched = True
                 if tables is not None:
+                    try:
+                        tables.fetch()
+                    except ObjectStoreError as e:
+                        fetched = False
+                        for i in tables.slots:
+                            errors[i] = e
+                if tables is not None and fetched:
                     image = batch.image.reshape(len(batch.ids), 1, -1)
                     status = worker.jpeg.run(tables, image)
                     for i, (code, detail, _) in zip(tables.slots, status.tolist()):
@@ -353,12 +365,13 @@ class ImageReader:
             tables = ShareTables(self.mode, self.size, self.yuv_size)
         tables.add(
             i,
-            descriptors.enter_context(files.open(loc.path)),
+            -1 if loc.remote is not None else descriptors.enter_context(files.open(loc.path)),
             _picture_plan(loc.offset, loc.size),
             window,
             (hflip, vflip),
             _JPEG_MATRIX,
             decoder=d.bit_length() - 1,
+            remote=loc.remote,
         )
         shrunk = (-(-loc.height // d), -(-loc.width // d))
         tables.gray = (max(tables.gray[0], shrunk[0]), max(tables.gray[1], shrunk[1]))

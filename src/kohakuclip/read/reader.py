@@ -22,6 +22,7 @@ from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator
 from kohakuclip.storage.catalog import Catalog, VideoTrack
 from kohakuclip.storage.files import FileCache
+from kohakuclip.storage.remote import ObjectStoreError, fetch_ranges
 
 if TYPE_CHECKING:
     from kohakuclip.decode._clips import ShareTables
@@ -142,6 +143,12 @@ class Reader:
     ``size``; ``yuv`` the stored-resolution crop window, packed 4:2:0 in a ``window`` square
     (default: the largest short side the indexes announce, else 512), finished on the GPU by
     ``kohakuclip.torch.yuv_to_rgb``.
+    Sources may be URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``; a URL
+    ending in ``/`` lists the zip shards or mp4 files under it): a clip's GOPs are then fetched
+    by ranged GETs (concurrent, touching ranges coalesced) before it is decoded.
+    ``storage_options`` go to the store (``obstore.store.from_url`` keywords, e.g.
+    ``endpoint``, ``region``, ``client_options``, ``retry_config``); credentials otherwise come
+    from the standard environment variables (``AWS_ACCESS_KEY_ID`` ...).
     """
 
     def __init__(
@@ -160,6 +167,7 @@ class Reader:
         moov_cache: int = 4096,
         window: int | None = None,
         gulp_fps: float | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         if mode not in get_args(OutputMode):
             raise ValueError(f"mode must be one of {get_args(OutputMode)}, got {mode!r}")
@@ -184,6 +192,7 @@ class Reader:
             open_files,
             gulp_fps,
             analyze_av1=skip is not False,
+            storage_options=storage_options,
         )
         self.window = window if window is not None else self._catalog.max_short_side(512)
         if self.window % 2:
@@ -342,6 +351,12 @@ class Reader:
                         errors[i] = e
                 video = batch.video.reshape(*batch.video.shape[:2], -1)
                 for decoder, share_tables in tables.values():
+                    try:
+                        share_tables.fetch()
+                    except ObjectStoreError as e:
+                        for i in share_tables.slots:
+                            errors[i] = e
+                        continue
                     status = decoder.run(share_tables, video)
                     for i, (code, detail, _) in zip(share_tables.slots, status.tolist()):
                         if code == _clips.OK:
@@ -400,9 +415,10 @@ class Reader:
             window = scaled_window(track.width, track.height, crop, d)
             row += d.bit_length() - 1
             share.gray = (max(share.gray[0], track.height), max(share.gray[1], track.width))
+        remote = self._catalog.remote(track.path)
         share.add(
             i,
-            descriptors.enter_context(files.open(track.path)),
+            -1 if remote is not None else descriptors.enter_context(files.open(track.path)),
             plan,
             window,
             (hflip, vflip),
@@ -410,6 +426,7 @@ class Reader:
             track.prefix,
             track.nal_length_size,
             row,
+            remote,
         )
         return plan.decoded, plan.packets, plan.bytes_read
 
@@ -474,14 +491,28 @@ class Reader:
                     out[t] = first
                 written[display] = positions[0]
 
-            with files.open(track.path) as fd:
-                worker.decoder.decode(track, plan, fd, on_frame)
+            with ExitStack() as stack:
+                worker.decoder.decode(
+                    track, plan, self._ranges(track, plan, files, stack), on_frame
+                )
             missing = [d for d in plan.targets if d not in written]
             if not missing:
                 break
         if missing:
             raise ClipError(f"decoder produced no frame for display index {missing[0]}")
         self._count(len(frames), plan.decoded, plan.packets, plan.bytes_read)
+
+    def _ranges(self, track: VideoTrack, plan: ClipPlan, files: FileCache, stack: ExitStack) -> Any:
+        """``read(offset, length)`` for the plan's GOPs: a pread of the local file, or the ranges
+        fetched at once (concurrently) from object storage."""
+        remote = self._catalog.remote(track.path)
+        if remote is None:
+            fd = stack.enter_context(files.open(track.path))
+            return lambda offset, length: os.pread(fd, length, offset)
+        reads = [(g.offset, g.length) for g in plan.reads]
+        views = fetch_ranges([(remote, offset, offset + length) for offset, length in reads])
+        fetched = dict(zip(reads, views))
+        return lambda offset, length: fetched[(offset, length)]
 
     def _read_jpeg_clip(
         self,

@@ -2,8 +2,11 @@
 
 Sources are zip or tar shards (with or without a KCIDX1 index member), folder trees of mp4
 files, and GulpIO directories (every frame a JPEG: codec "jpeg", every frame a keyframe).
-Opening a source reads at most its index header; a video's frame table comes from its index rows
-(one pread), or from parsing the mp4's moov box, the first time the video is read (cached).
+Zip shards and mp4 files may also be objects in object storage (``s3://``, ``gs://``, ``az://``,
+``http(s)://``; ``storage.remote``), and a URL ending in ``/`` lists the shards or mp4 files
+under it. Opening a source reads at most its zip tail and index header (a few ranged reads,
+never a listing of members); a video's frame table comes from its index rows (one read), or
+from parsing the mp4's moov box, the first time the video is read (cached).
 """
 
 from __future__ import annotations
@@ -33,6 +36,15 @@ from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.index import IndexFormatError, decode_index, video_entries
 from kohakuclip.storage.manifest import VideoManifests
+from kohakuclip.storage.ranged import Objects, RangedFile
+from kohakuclip.storage.remote import (
+    ObjectStoreError,
+    RemoteObject,
+    is_url,
+    list_objects,
+    local_path,
+    suffix_of,
+)
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
 
@@ -102,6 +114,7 @@ class _Source:
     deps_start: int = -1  # absolute offset of the AV1 dependency table (-1: none)
     deps: dict[str, tuple[int, int]] | None = None  # member -> (first record offset, records)
     gulp: GulpIndex | None = None
+    remote: bool = False  # an object-storage source: every path under it is a URL
 
 
 class Catalog:
@@ -115,6 +128,7 @@ class Catalog:
         open_files: int = 4096,
         gulp_fps: float | None = None,
         analyze_av1: bool = True,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         self._analyze = analyze_av1
         self._gulp_fps = gulp_fps
@@ -122,6 +136,7 @@ class Catalog:
         self._open_files = open_files
         self._pid = os.getpid()
         self.files = FileCache(open_files)
+        self.objects = Objects(self.files, storage_options)
         self.sources: list[_Source] = []
         self.videos: list[VideoRef] = []
         self._lock = threading.Lock()
@@ -133,6 +148,13 @@ class Catalog:
 
     # -- opening -----------------------------------------------------------------------------
     def _add_source(self, path: str) -> None:
+        path = local_path(path)
+        if is_url(path):
+            try:
+                self._add_remote(path)
+            except ObjectStoreError as e:
+                raise SourceError(str(e)) from None
+            return
         if os.path.isdir(path) and is_gulp_directory(path):
             sid = len(self.sources)
             try:
@@ -152,16 +174,47 @@ class Catalog:
             return
         if not os.path.exists(path):
             raise SourceError(f"{path}: no such file or directory")
+        self._add_archive(path)
+
+    def _add_remote(self, url: str) -> None:
+        """An object, or every shard and mp4 file under a prefix (a URL ending in ``/``)."""
+        if not url.endswith("/"):
+            self.objects.remote(url)
+            self._add_archive(url, remote=True)
+            return
+        listed = list_objects(url, self.objects.options)
+        names = []
+        for found, meta in listed:
+            suffix = suffix_of(found)
+            if suffix == ".zip":
+                self.objects.remote(found, meta)
+                self._add_archive(found, remote=True)
+            elif suffix in VIDEO_SUFFIXES:
+                self.objects.remote(found, meta)
+                names.append(found[len(url) :])
+            elif suffix in (".tar", ".gulp", ".gmeta"):
+                raise SourceError(f"{found}: only zip shards and mp4 files are read from URLs")
+        if names:
+            sid = len(self.sources)
+            self.sources.append(_Source(url, "folder", remote=True))
+            self.videos.extend(VideoRef(sid, name) for name in names)
+        elif not any(suffix_of(found) == ".zip" for found, _ in listed):
+            raise SourceError(f"{url}: no zip shards or mp4 files under this prefix")
+
+    def _add_archive(self, path: str, remote: bool = False) -> None:
         kind = "tar" if path.endswith(".tar") else "zip"
-        src = _Source(path, kind)
+        src = _Source(path, kind, remote=remote)
         sid = len(self.sources)
         try:
+            if remote and kind == "tar":
+                raise SourceError(f"{path}: only zip shards and mp4 files are read from URLs")
             if kind == "zip":
-                src.index_member = find_zip_member(path, INDEX_MEMBER) if self._use_index else None
+                with self.objects.open(path) as f:
+                    src.index_member = find_zip_member(f, INDEX_MEMBER) if self._use_index else None
             else:
                 src.members = {m.name: m for m in list_tar(path)}
                 src.index_member = src.members.get(INDEX_MEMBER) if self._use_index else None
-        except ArchiveError as e:
+        except (ArchiveError, ObjectStoreError) as e:
             raise SourceError(str(e)) from None
         self.sources.append(src)
         if src.index_member is not None:
@@ -179,13 +232,12 @@ class Catalog:
         member = src.index_member
         assert member is not None
         where = f"{src.path}:{INDEX_MEMBER}"
-        with open(src.path, "rb") as f:
-            f.seek(member.offset)
-            head = f.read(16)
+        with self.objects.open(src.path) as f:
+            head = f.read(member.offset, 16)
             if len(head) < 16:
                 raise SourceError(f"{where}: truncated index")
             (length,) = struct.unpack("<Q", head[8:16])
-            body = f.read(min(length, member.size))
+            body = f.read(member.offset + 16, min(length, member.size))
         try:
             header, _ = decode_index(head + body, VIDEO_INDEX_MAGIC, np.dtype(np.uint8), where)
             videos = video_entries(header, where)
@@ -207,18 +259,21 @@ class Catalog:
     def _members(self, src: _Source) -> dict[str, Member]:
         if src.members is None:
             try:
-                listed = list_zip(src.path) if src.kind == "zip" else list_tar(src.path)
-            except ArchiveError as e:
+                if src.kind == "zip":
+                    with self.objects.open(src.path) as f:
+                        listed = list_zip(f)
+                else:
+                    listed = list_tar(src.path)
+            except (ArchiveError, ObjectStoreError) as e:
                 raise SourceError(str(e)) from None
             src.members = {m.name: m for m in listed}
         return src.members
 
     def _index_rows(self, src: _Source, entry: VideoEntry) -> np.ndarray:
-        """One video's index records, read with one pread through the descriptor cache."""
+        """One video's index records, read with one pread (or ranged GET)."""
         size = entry.n * FRAME_RECORD.itemsize
         start = src.records_start + entry.row * FRAME_RECORD.itemsize
-        with self.files.open(src.path) as fd:
-            raw = os.pread(fd, size, start)
+        raw = self.objects.read(src.path, start, size)
         if len(raw) != size:
             raise SourceError(f"{src.path}:{INDEX_MEMBER}: truncated frame table")
         return np.frombuffer(raw, dtype=FRAME_RECORD)
@@ -229,12 +284,12 @@ class Catalog:
             return None
         where = f"{src.path}:{INDEX_MEMBER}:{AV1_DEPS_KEY}"
         if src.deps is None:
-            with self.files.open(src.path) as fd:
-                head = os.pread(fd, 16, src.deps_start)
+            with self.objects.open(src.path) as f:
+                head = f.read(src.deps_start, 16)
                 if len(head) < 16:
                     raise SourceError(f"{where}: truncated table")
                 (length,) = struct.unpack("<Q", head[8:16])
-                body = os.pread(fd, length, src.deps_start + 16)
+                body = f.read(src.deps_start + 16, length)
             try:
                 header, _ = decode_index(head + body, AV1_DEPS_MAGIC, np.dtype(np.uint8), where)
                 first = src.deps_start + (16 + length + 7) // 8 * 8
@@ -249,11 +304,14 @@ class Catalog:
         if located is None:
             return None
         start, count = located
-        with self.files.open(src.path) as fd:
-            raw = os.pread(fd, count * AV1_FRAME_RECORD.itemsize, start)
+        raw = self.objects.read(src.path, start, count * AV1_FRAME_RECORD.itemsize)
         if len(raw) != count * AV1_FRAME_RECORD.itemsize:
             raise SourceError(f"{where}: truncated table")
         return np.frombuffer(raw, dtype=AV1_FRAME_RECORD)
+
+    def remote(self, path: str) -> RemoteObject | None:
+        """The object a track's ``path`` names when it is a URL, else None (a local file)."""
+        return self.objects.remote(path) if is_url(path) else None
 
     def ensure_process(self) -> None:
         """After a fork, forget the parent's locks and descriptors (never used across a fork)."""
@@ -261,6 +319,7 @@ class Catalog:
             self._lock = threading.Lock()
             self._pid = os.getpid()
             self.files = FileCache(self._open_files)
+            self.objects = self.objects.after_fork(self.files)
 
     def close(self) -> None:
         """Close every descriptor and drop the cached frame tables."""
@@ -323,13 +382,26 @@ class Catalog:
     def _member_location(self, vid: int) -> tuple[str, int, int]:
         ref = self.videos[vid]
         src = self.sources[ref.source]
+        if src.kind == "folder" and src.remote:
+            url = src.path + ref.member
+            try:
+                return url, 0, self.objects.remote(url).size
+            except ObjectStoreError as e:
+                raise SourceError(str(e)) from None
         if src.kind == "folder":
             path = os.path.join(src.path, ref.member)
             try:
                 return path, 0, os.path.getsize(path)
             except OSError as e:
                 raise SourceError(f"{path}: {e.strerror}") from None
-        member = self._members(src).get(ref.member)
+        if src.remote and src.members is None:  # one member, without listing the archive
+            try:
+                with self.objects.open(src.path) as f:
+                    member = find_zip_member(f, ref.member, stored_only=False)
+            except (ArchiveError, ObjectStoreError) as e:
+                raise SourceError(str(e)) from None
+        else:
+            member = self._members(src).get(ref.member)
         if member is None:
             raise SourceError(f"{self.where(vid)}: member missing from the archive")
         if member.compressed:
@@ -342,11 +414,11 @@ class Catalog:
         path, base, size = self._member_location(vid)
         where = self.where(vid)
         try:
-            with self.files.open(path) as fd:
-                mp4 = parse_mp4(
-                    lambda off, n: os.pread(fd, n, base + off), size, base=base, where=where
-                )
-                deps = self._analyze_av1(fd, mp4, where) if mp4.codec == "av1" else None
+            with self.objects.open(path) as f:
+                mp4 = parse_mp4(lambda off, n: f.read(base + off, n), size, base=base, where=where)
+                deps = self._analyze_av1(f, mp4, where) if mp4.codec == "av1" else None
+        except ObjectStoreError as e:
+            raise SourceError(str(e)) from None
         except OSError as e:
             raise SourceError(f"{where}: {e.strerror}") from None
         except ValueError as e:
@@ -370,7 +442,7 @@ class Catalog:
             av1_frames=None if deps is None else deps.frames,
         )
 
-    def _analyze_av1(self, fd: int, mp4: Any, where: str) -> Av1Deps | None:
+    def _analyze_av1(self, f: RangedFile, mp4: Any, where: str) -> Av1Deps | None:
         """The AV1 dependency table of a video without an index, built on first use (one read
         of its samples): the moov fallback then skips as much as an indexed shard. None when
         disabled, or when a frame header does not parse (``keep`` stays the whole sample)."""
@@ -378,7 +450,7 @@ class Catalog:
             return None
         offsets = mp4.offsets.astype(np.int64)
         start = int(offsets.min())
-        data = os.pread(fd, int((offsets + mp4.sizes).max()) - start, start)
+        data = f.read(start, int((offsets + mp4.sizes).max()) - start)
         view = memoryview(data)
         samples = [
             view[o - start : o - start + z] for o, z in zip(offsets.tolist(), mp4.sizes.tolist())
@@ -439,7 +511,7 @@ class Catalog:
         src = self.sources[ref.source]
         if src.gulp is not None:
             return dict(src.gulp.meta(src.gulp.position(ref.member)))
-        if src.kind in ("zip", "tar"):
+        if src.kind in ("zip", "tar") and not src.remote:
             return self._manifests.lookup(src.path, ref.member)
         return {}
 

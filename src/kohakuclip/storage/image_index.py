@@ -15,6 +15,7 @@ import numpy as np
 
 from kohakuclip.formats import IMAGE_CODECS, IMAGE_INDEX_MAGIC, IMAGE_RECORD, INDEX_MEMBER
 from kohakuclip.storage.index import IndexFormatError, decode_index, encode_index
+from kohakuclip.storage.ranged import RangedFile, open_local
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
 
 
@@ -46,17 +47,19 @@ def decode_image_index(buf: bytes | memoryview | np.ndarray, where: str = "index
     return records
 
 
-def find_image_index(path: str | os.PathLike[str]) -> tuple[Member, int] | None:
-    """Locate the index member of an image shard (a zip) and read its image count from the
-    header, without mapping the table; None when the shard has no index."""
-    path = os.fspath(path)
-    member = find_zip_member(path, INDEX_MEMBER)
+def find_image_index(source: str | os.PathLike[str] | RangedFile) -> tuple[Member, int] | None:
+    """Locate the index member of an image shard (a zip path, or a ``RangedFile``: a remote
+    object) and read its image count from the header, without reading the table; None when
+    the shard has no index."""
+    if isinstance(source, (str, os.PathLike)):
+        with open_local(os.fspath(source)) as f:
+            return find_image_index(f)
+    path = source.name
+    member = find_zip_member(source, INDEX_MEMBER)
     if member is None:
         return None
     where = f"{path}:{INDEX_MEMBER}"
-    with open(path, "rb") as f:
-        f.seek(member.offset)
-        head = f.read(min(member.size, 1 << 16))
+    head = source.read(member.offset, min(member.size, 1 << 16))
     if len(head) < 16 or head[:8] != IMAGE_INDEX_MAGIC:
         raise IndexFormatError(f"{where}: not a KCIMG1 index (bad magic or truncated)")
     (length,) = struct.unpack("<Q", head[8:16])
@@ -87,10 +90,18 @@ def map_image_index(
     return decode_image_index(raw, f"{path}:{INDEX_MEMBER}")
 
 
-def member_names(path: str | os.PathLike[str], records: np.ndarray) -> list[str]:
+def load_image_index(source: RangedFile, member: Member) -> np.ndarray:
+    """The index table of an image shard read whole (one read: for remote objects)."""
+    raw = source.read(member.offset, member.size)
+    if len(raw) != member.size:
+        raise IndexFormatError(f"{source.name}:{INDEX_MEMBER}: truncated index")
+    return decode_image_index(np.frombuffer(raw, np.uint8), f"{source.name}:{INDEX_MEMBER}")
+
+
+def member_names(source: str | os.PathLike[str] | RangedFile, records: np.ndarray) -> list[str]:
     """Member name of each record, matched by data offset in the zip's central directory."""
-    path = os.fspath(path)
-    by_offset = {m.offset: m.name for m in list_zip(path)}
+    path = os.fspath(source) if isinstance(source, (str, os.PathLike)) else source.name
+    by_offset = {m.offset: m.name for m in list_zip(source)}
     names = []
     for i, offset in enumerate(records["offset"].tolist()):
         name = by_offset.get(offset)

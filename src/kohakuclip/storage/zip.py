@@ -6,8 +6,11 @@ import os
 import struct
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO
+
+from kohakuclip.storage.ranged import RangedFile, open_local
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _EOCD = struct.Struct("<4sHHHHIIH")
@@ -50,18 +53,20 @@ class ZipWriter:
         self._zip.close()
 
 
-def _read_at(fd: int, offset: int, size: int, path: str) -> bytes:
-    data = os.pread(fd, size, offset)
+def _read_at(f: RangedFile, offset: int, size: int, path: str) -> bytes:
+    data = f.read(offset, size)
     if len(data) != size:
         raise ArchiveError(f"{path}: truncated zip (wanted {size} bytes at {offset})")
     return data
 
 
-def _central_directory(fd: int, path: str) -> tuple[bytes, int]:
-    """Return (central directory bytes, number of entries) from the end of the archive."""
-    file_size = os.fstat(fd).st_size
+def _central_directory(fd: RangedFile, path: str) -> tuple[bytes, int]:
+    """Return (central directory bytes, number of entries) from the end of the archive: one
+    read of the tail, and one of the directory where the tail does not hold it."""
+    file_size = fd.size
     tail_size = min(file_size, 65536 + _EOCD.size)
-    tail = _read_at(fd, file_size - tail_size, tail_size, path)
+    tail_start = file_size - tail_size
+    tail = _read_at(fd, tail_start, tail_size, path)
     pos = tail.rfind(b"PK\x05\x06")
     if pos < 0 or pos + _EOCD.size > len(tail):
         raise ArchiveError(f"{path}: not a zip archive (no end of central directory)")
@@ -77,6 +82,8 @@ def _central_directory(fd: int, path: str) -> tuple[bytes, int]:
         count, cd_size, cd_offset = rec[7], rec[8], rec[9]
     if cd_offset + cd_size > file_size:
         raise ArchiveError(f"{path}: truncated zip (central directory past the end)")
+    if cd_offset >= tail_start and cd_offset + cd_size <= file_size:
+        return tail[cd_offset - tail_start : cd_offset - tail_start + cd_size], count
     return _read_at(fd, cd_offset, cd_size, path), count
 
 
@@ -121,7 +128,7 @@ def _entries(cd: bytes, count: int, path: str) -> Iterator[tuple[str, int, int, 
         pos = start + name_len + extra_len + comment_len
 
 
-def _data_offset(fd: int, local: int, path: str, name: str) -> int:
+def _data_offset(fd: RangedFile, local: int, path: str, name: str) -> int:
     head = _read_at(fd, local, _LOCAL_HEADER.size, path)
     fields = _LOCAL_HEADER.unpack(head)
     if fields[0] != b"PK\x03\x04":
@@ -129,11 +136,19 @@ def _data_offset(fd: int, local: int, path: str, name: str) -> int:
     return local + _LOCAL_HEADER.size + fields[9] + fields[10]
 
 
-def list_zip(path: str | os.PathLike[str]) -> list[Member]:
-    """Every file member of a zip archive with the absolute offset of its data."""
-    path = os.fspath(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
+@contextmanager
+def _opened(source: str | os.PathLike[str] | RangedFile) -> Iterator[tuple[RangedFile, str]]:
+    if isinstance(source, (str, os.PathLike)):
+        with open_local(os.fspath(source)) as f:
+            yield f, f.name
+    else:
+        yield source, source.name
+
+
+def list_zip(source: str | os.PathLike[str] | RangedFile) -> list[Member]:
+    """Every file member of a zip archive (a path, or a ``RangedFile``: a remote object) with
+    the absolute offset of its data."""
+    with _opened(source) as (fd, path):
         cd, count = _central_directory(fd, path)
         out = []
         for name, method, csize, local in _entries(cd, count, path):
@@ -144,15 +159,15 @@ def list_zip(path: str | os.PathLike[str]) -> list[Member]:
             offset = _data_offset(fd, local, path, name)
             out.append(Member(name, offset, csize, method == zipfile.ZIP_DEFLATED))
         return out
-    finally:
-        os.close(fd)
 
 
-def find_zip_member(path: str | os.PathLike[str], name: str) -> Member | None:
-    """Locate one member from the end of the central directory, without listing the archive."""
-    path = os.fspath(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
+def find_zip_member(
+    source: str | os.PathLike[str] | RangedFile, name: str, stored_only: bool = True
+) -> Member | None:
+    """Locate one member from the end of the central directory, without listing the archive
+    (nor reading any other member's local header). ``stored_only``: a deflated member is an
+    error (else it is returned, marked compressed)."""
+    with _opened(source) as (fd, path):
         cd, _ = _central_directory(fd, path)
         key = name.encode()
         pos = cd.rfind(key)
@@ -162,10 +177,9 @@ def find_zip_member(path: str | os.PathLike[str], name: str) -> Member | None:
                 f = _CENTRAL.unpack_from(cd, head)
                 if f[10] == len(key):
                     _, method, csize, local = next(_entries(cd[head:], 1, path))
-                    if method != zipfile.ZIP_STORED:
+                    if method != zipfile.ZIP_STORED and stored_only:
                         raise ArchiveError(f"{path}: member {name!r} must be stored")
-                    return Member(name, _data_offset(fd, local, path, name), csize)
+                    offset = _data_offset(fd, local, path, name)
+                    return Member(name, offset, csize, method != zipfile.ZIP_STORED)
             pos = cd.rfind(key, 0, pos)
         return None
-    finally:
-        os.close(fd)

@@ -1,0 +1,324 @@
+"""Objects in object storage (``s3://``, ``gs://``, ``az://``, ``http(s)://``) read by byte ranges.
+
+Built on ``obstore`` (Rust ``object_store``: ranged and concurrent GETs with the GIL released,
+credentials from the standard environment variables and config files), an optional extra:
+``pip install kohakuclip[cloud]``. ``file://`` URLs are plain local paths (``local_path``).
+
+An object is opened with one HEAD (size and ETag); every later read is a ranged GET with
+``If-Match: <etag>``, so an object replaced while a reader uses it is an error naming it, not
+bytes from two versions. 5xx answers, dropped connections and timeouts are retried with
+exponential backoff (obstore's retry layer, bounded by ``RETRY``); what still fails is an
+``ObjectStoreError`` naming the URL. ``fetch_ranges`` reads many ranges of many objects at once:
+ranges of one object that touch or overlap are coalesced into one request, and all requests run
+concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, cast
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+
+REMOTE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "adl", "azure", "http", "https")
+# What a failing request is retried with before it becomes an error (obstore's retry layer).
+RETRY: dict[str, Any] = {
+    "max_retries": 4,
+    "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=2)},
+    "retry_timeout": timedelta(seconds=30),
+}
+CLIENT = {"timeout": "30s", "connect_timeout": "5s"}
+MAX_CONCURRENT = 32  # requests in flight per ``fetch_ranges`` call
+# The variables (and files) each scheme's credentials come from, for the missing-credentials error.
+CREDENTIAL_VARIABLES = {
+    "s3": "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_ENDPOINT_URL, "
+    "AWS_REGION, AWS_ALLOW_HTTP, AWS_PROFILE / ~/.aws/config, AWS_WEB_IDENTITY_TOKEN_FILE, "
+    "the instance metadata service",
+    "gs": "GOOGLE_SERVICE_ACCOUNT (or GOOGLE_APPLICATION_CREDENTIALS), GOOGLE_SERVICE_ACCOUNT_KEY, "
+    "the gcloud application default credentials, the instance metadata service",
+    "az": "AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY, "
+    "AZURE_CLIENT_ID / AZURE_CLIENT_SECRET / AZURE_TENANT_ID, AZURE_STORAGE_USE_EMULATOR",
+}
+
+
+_COUNTS = {"requests": 0, "bytes": 0}
+_COUNTS_LOCK = threading.Lock()
+
+
+def _count(requests: int, nbytes: int) -> None:
+    with _COUNTS_LOCK:
+        _COUNTS["requests"] += requests
+        _COUNTS["bytes"] += nbytes
+
+
+def request_counts() -> dict[str, int]:
+    """Requests made and bytes received by this process so far (HEADs, listings, GETs)."""
+    with _COUNTS_LOCK:
+        return dict(_COUNTS)
+
+
+class ObjectStoreError(OSError):
+    """An object that cannot be read: missing, replaced, refused, or the store unreachable."""
+
+
+def is_url(source: str) -> bool:
+    """True for an object-storage URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``)."""
+    scheme, sep, _ = source.partition("://")
+    return bool(sep) and scheme.lower() in REMOTE_SCHEMES
+
+
+def local_path(source: str) -> str:
+    """``file://`` URLs as local paths; anything else unchanged."""
+    if source.lower().startswith("file://"):
+        return unquote(urlsplit(source).path)
+    return source
+
+
+def _family(scheme: str) -> str:
+    if scheme in ("s3", "s3a"):
+        return "s3"
+    if scheme == "gs":
+        return "gs"
+    if scheme in ("http", "https"):
+        return "http"
+    return "az"
+
+
+def _split(url: str) -> tuple[str, str]:
+    """(the store's root URL, the object's key under it)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}/", unquote(parts.path.lstrip("/"))
+
+
+def _credential_problem(text: str) -> bool:
+    lowered = text.lower()
+    return any(
+        word in lowered
+        for word in ("credential", "169.254.169.254", "api/token", "unauthenticated", "metadata")
+    )
+
+
+def describe_error(url: str, error: BaseException) -> ObjectStoreError:
+    """An obstore exception as an ``ObjectStoreError`` naming ``url`` (and, for a credentials
+    problem, the variables credentials are read from)."""
+    if isinstance(error, ObjectStoreError):
+        return error
+    from obstore import exceptions
+
+    text = str(error).split("\n\nDebug source:")[0].strip()
+    family = _family(url.partition("://")[0].lower())
+    if isinstance(error, FileNotFoundError):
+        return ObjectStoreError(f"{url}: no such object")
+    if isinstance(error, exceptions.PreconditionError):
+        return ObjectStoreError(f"{url}: the object changed while it was read (ETag mismatch)")
+    if family in CREDENTIAL_VARIABLES and (
+        isinstance(error, (exceptions.UnauthenticatedError, exceptions.PermissionDeniedError))
+        or _credential_problem(text)
+    ):
+        return ObjectStoreError(
+            f"{url}: no usable credentials ({text[:200]}); read from: "
+            f"{CREDENTIAL_VARIABLES[family]}; or pass storage_options="
+        )
+    return ObjectStoreError(f"{url}: {text[:500]}")
+
+
+class _Stores:
+    """One obstore store per (root URL, options) in this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stores: dict[tuple[str, str, int], Any] = {}
+
+    def get(self, root: str, options: Mapping[str, Any] | None) -> Any:
+        key = (root, repr(sorted((options or {}).items())), os.getpid())
+        with self._lock:
+            store = self._stores.get(key)
+        if store is not None:
+            return store
+        try:
+            from obstore.store import from_url
+        except ImportError:
+            raise ObjectStoreError(
+                f"{root}: object storage needs obstore (pip install kohakuclip[cloud])"
+            ) from None
+        settings = dict(options or {})
+        client = {**CLIENT, **settings.pop("client_options", {})}
+        retry = {**RETRY, **settings.pop("retry_config", {})}
+        try:
+            make: Any = from_url
+            store = make(root, client_options=client, retry_config=retry, **settings)
+        except Exception as e:
+            raise describe_error(root, e) from None
+        with self._lock:
+            return self._stores.setdefault(key, store)
+
+
+_STORES = _Stores()
+
+
+@dataclass(frozen=True)
+class RemoteObject:
+    """One object: where it is, its size and the ETag every read must match."""
+
+    url: str
+    store: Any
+    key: str
+    size: int
+    etag: str | None
+
+    @property
+    def name(self) -> str:
+        return self.url
+
+    def read(self, offset: int, length: int) -> bytes:
+        """``length`` bytes at ``offset`` (fewer only where the object ends first)."""
+        if length <= 0 or offset >= self.size:
+            return b""
+        return bytes(fetch_ranges([(self, offset, offset + length)])[0])
+
+
+def open_object(
+    url: str, options: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None
+) -> RemoteObject:
+    """The object at ``url``: one HEAD, unless ``meta`` (a listing's entry) already says."""
+    root, key = _split(url)
+    store = _STORES.get(root, options)
+    if meta is None:
+        import obstore
+
+        _count(1, 0)
+        try:
+            meta = obstore.head(store, key)
+        except Exception as e:
+            raise describe_error(url, e) from None
+    return RemoteObject(url, store, key, int(meta["size"]), meta.get("e_tag"))
+
+
+def list_objects(
+    prefix: str, options: Mapping[str, Any] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """(URL, listing entry) of every object under ``prefix`` (a URL ending in ``/``), sorted."""
+    import obstore
+
+    root, key = _split(prefix)
+    store = _STORES.get(root, options)
+    _count(1, 0)
+    try:
+        entries = [m for chunk in obstore.list(store, key or None) for m in chunk]
+    except Exception as e:
+        raise describe_error(prefix, e) from None
+    found = [(root + str(m["path"]), dict(m)) for m in entries]
+    return sorted(found, key=lambda item: item[0])
+
+
+def _coalesce(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted ranges merged where they touch or overlap."""
+    merged: list[list[int]] = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+async def _get(obj: RemoteObject, start: int, end: int, gate: asyncio.Semaphore) -> Any:
+    import obstore
+
+    options: dict[str, Any] = {"range": (start, end)}
+    if obj.etag:
+        options["if_match"] = obj.etag
+    async with gate:
+        try:
+            result = await obstore.get_async(obj.store, obj.key, options=cast(Any, options))
+            data = await result.bytes_async()
+        except Exception as e:
+            raise describe_error(obj.url, e) from None
+    tag = result.meta.get("e_tag")
+    if obj.etag and tag and tag != obj.etag:  # a server that ignored If-Match
+        raise ObjectStoreError(f"{obj.url}: the object changed while it was read (ETag mismatch)")
+    return data
+
+
+async def _get_all(requests: list[tuple[RemoteObject, int, int]]) -> list[Any]:
+    gate = asyncio.Semaphore(MAX_CONCURRENT)
+    return await asyncio.gather(*(_get(o, a, b, gate) for o, a, b in requests))
+
+
+def fetch_ranges(wanted: Sequence[tuple[RemoteObject, int, int]]) -> list[memoryview]:
+    """The bytes of each (object, start, end) range, fetched concurrently (ranges of one object
+    that touch or overlap coalesced into one GET). A range past the object's end is an error."""
+    by_object: dict[str, tuple[RemoteObject, list[tuple[int, int]]]] = {}
+    for obj, start, end in wanted:
+        if start < 0 or end > obj.size or end < start:
+            raise ObjectStoreError(
+                f"{obj.url}: range {start}-{end} outside the object ({obj.size} bytes)"
+            )
+        by_object.setdefault(obj.url, (obj, []))[1].append((start, end))
+    requests = [
+        (obj, a, b) for obj, ranges in by_object.values() for a, b in _coalesce(ranges) if b > a
+    ]
+    blocks = _run(_get_all(requests)) if requests else []
+    _count(len(requests), sum(len(b) for b in blocks))
+    located: dict[str, list[tuple[int, int, memoryview]]] = {}
+    for (obj, a, b), data in zip(requests, blocks):
+        view = memoryview(data)
+        if len(view) != b - a:
+            raise ObjectStoreError(f"{obj.url}: short read ({len(view)} of {b - a} bytes at {a})")
+        located.setdefault(obj.url, []).append((a, b, view))
+    out = []
+    for obj, start, end in wanted:
+        if start == end:
+            out.append(memoryview(b""))
+            continue
+        for a, b, view in located[obj.url]:
+            if a <= start and end <= b:
+                out.append(view[start - a : end - a])
+                break
+    return out
+
+
+def _run(coroutine: Any) -> Any:
+    """Run ``coroutine`` to completion on this thread (decode threads have no event loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    result: list[Any] = []
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            result.append(asyncio.run(coroutine))
+        except BaseException as e:
+            failure.append(e)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+def gather_into(
+    wanted: Sequence[tuple[RemoteObject, int, int]],
+) -> tuple[np.ndarray, list[int]]:
+    """The ranges fetched (``fetch_ranges``) into one uint8 buffer, and each range's start in it."""
+    views = fetch_ranges(wanted)
+    starts = np.cumsum([0, *(len(v) for v in views)]).tolist()
+    buffer = np.empty(max(starts[-1], 1), np.uint8)
+    for view, start in zip(views, starts):
+        buffer[start : start + len(view)] = np.frombuffer(view, np.uint8)
+    return buffer, starts[:-1]
+
+
+def suffix_of(url: str) -> str:
+    """The object name's extension, lower case (``.zip``, ``.mp4`` ...)."""
+    return os.path.splitext(urlsplit(url).path)[1].lower()
