@@ -36,11 +36,13 @@ class Media:
     av1_shard: str  # local paths
     h264_folder: str
     image_shard: str
+    gulp: str
     files: dict[str, bytes]  # key in the bucket / on the HTTP server -> bytes
 
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory: pytest.TempPathFactory) -> Media:
+    from kohakuclip.gulp import ChunkBuilder
     from kohakuclip.write.images import write_images
 
     root = tmp_path_factory.mktemp("objects")
@@ -56,15 +58,21 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Media:
     for i in range(3):
         Image.fromarray(photo(90 + 10 * i, 120, seed=i)).save(photos / f"{i}.jpg", quality=90)
     write_images(root / "images", [photos], quality=90, max_short=64, min_short=0, progress=False)
+    gulp = root / "gulp"
+    gulp.mkdir()
+    with ChunkBuilder(str(gulp / "data_0.gulp"), str(gulp / "meta_0.gmeta")) as chunk:
+        for k in range(2):
+            chunk.add(f"clip{k}", {"fps": 8}, [photo(40, 56, seed=10 + k + i) for i in range(12)])
     files = {
         "shards/av1.zip": (root / "av1.zip").read_bytes(),
         "h264/a_moov_at_end.mp4": h264,
         "h264/b_faststart.mp4": faststart(h264),
         "images/shard_00000.zip": (root / "images" / "shard_00000.zip").read_bytes(),
+        "gulp/data_0.gulp": (gulp / "data_0.gulp").read_bytes(),
+        "gulp/meta_0.gmeta": (gulp / "meta_0.gmeta").read_bytes(),
     }
-    return Media(
-        str(root / "av1.zip"), str(folder), str(root / "images" / "shard_00000.zip"), files
-    )
+    image_shard = str(root / "images" / "shard_00000.zip")
+    return Media(str(root / "av1.zip"), str(folder), image_shard, str(gulp), files)
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +145,14 @@ def test_s3_prefix_lists_indexless_mp4s(s3, media):
     np.testing.assert_array_equal(got, want)
     pyav, _ = _clips(f"s3://{BUCKET}/h264/", compiled=False)
     np.testing.assert_array_equal(pyav, want)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_s3_gulp_directory_bit_for_bit(s3, media, compiled):
+    want, videos = _clips(media.gulp, compiled)
+    got, remote_videos = _clips(f"s3://{BUCKET}/gulp/", compiled)
+    assert remote_videos == videos == [("clip0", 12), ("clip1", 12)]
+    np.testing.assert_array_equal(got, want)
 
 
 def test_s3_prefix_lists_shards(s3, media):

@@ -3,12 +3,16 @@
 Built once from the ``.gmeta`` files: per video its chunk, first frame row and frame count; per
 frame the absolute offset in its chunk's data file and the JPEG length without padding. Any
 frame is then one ``os.pread`` of ``size[row]`` bytes at ``offset[row]`` of ``data_path(video)``.
+A gulp directory in object storage (``open_remote_gulp``) has URLs for paths, and its frames are
+read through the reader it was opened with.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +27,8 @@ from kohakuclip.gulp.frames import (
     read_records,
 )
 from kohakuclip.gulp.meta import ChunkFiles, MetaDict, find_chunks, frame_table, load_meta
+
+ReadAt = Callable[[str, int, int], bytes]  # (path, offset, length) -> bytes
 
 FPS_KEYS = ("fps", "frame_rate")
 """meta_data keys that record a video's frame rate (the ingestors write ``fps``)."""
@@ -42,10 +48,18 @@ class GulpIndex:
     size: np.ndarray  # uint32 per frame: JPEG length (stored length minus padding)
     meta_data: list[list[dict[str, Any]]]  # per video, as stored
     _positions: dict[str, int]
+    read_at: ReadAt | None = None  # how frames are read (None: os.pread of local files)
 
     @classmethod
-    def from_metas(cls, root: str, chunks: Iterable[tuple[ChunkFiles, MetaDict]]) -> GulpIndex:
-        """Build from already parsed meta files; checks records, data sizes and unique ids."""
+    def from_metas(
+        cls,
+        root: str,
+        chunks: Iterable[tuple[ChunkFiles, MetaDict]],
+        data_sizes: Mapping[str, int] | None = None,
+        read_at: ReadAt | None = None,
+    ) -> GulpIndex:
+        """Build from already parsed meta files; checks records, data sizes (of the files, or
+        ``data_sizes``: data path -> bytes) and unique ids."""
         files: list[ChunkFiles] = []
         ids: list[str] = []
         meta_data: list[list[dict[str, Any]]] = []
@@ -56,7 +70,7 @@ class GulpIndex:
         owner: dict[str, str] = {}
         for files_of_chunk, meta in chunks:
             count, table = frame_table(meta, files_of_chunk.meta_path)
-            _check_data_size(files_of_chunk, meta, count, table)
+            _check_data_size(files_of_chunk, meta, count, table, data_sizes)
             for id_, entry in meta.items():
                 if id_ in positions:
                     raise GulpError(
@@ -85,6 +99,7 @@ class GulpIndex:
             size=(table_all[:, 2] - table_all[:, 1]).astype(np.uint32),
             meta_data=meta_data,
             _positions=positions,
+            read_at=read_at,
         )
 
     def __len__(self) -> int:
@@ -113,7 +128,18 @@ class GulpIndex:
         n = len(offsets)
         if wanted.size and (wanted.min() < 0 or wanted.max() >= n):
             raise IndexError(f"{path}: video {self.ids[video]!r} has {n} frames, asked {indices}")
-        return read_records(path, offsets[wanted], sizes[wanted])
+        return self._records(path, offsets[wanted], sizes[wanted])
+
+    def _records(self, path: str, offsets: np.ndarray, sizes: np.ndarray) -> list[bytes]:
+        if self.read_at is None:
+            return read_records(path, offsets, sizes)
+        out = []
+        for offset, size in zip(offsets.tolist(), sizes.tolist()):
+            data = self.read_at(path, offset, size)
+            if len(data) != size:
+                raise GulpError(f"{path}: truncated record ({len(data)} of {size} at {offset})")
+            out.append(data)
+        return out
 
     def decode(self, video: int, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """RGB frames (H x W x 3 uint8) of a video; GulpError naming file, id and frame if bad."""
@@ -142,7 +168,7 @@ class GulpIndex:
     def frame_size(self, video: int, frame: int = 0) -> tuple[int, int]:
         """(height, width) of a stored frame, from its JPEG header (one small read)."""
         path, offsets, sizes = self.frames(video)
-        data = read_records(
+        data = self._records(
             path, offsets[frame : frame + 1], np.minimum(sizes[frame : frame + 1], 65536)
         )[0]
         try:
@@ -175,14 +201,60 @@ def open_gulp_source(path: str | os.PathLike[str]) -> GulpIndex:
     return GulpIndex.from_metas(root, ((c, load_meta(c.meta_path)) for c in chunks))
 
 
+_DATA_NAME = re.compile(r"data_(\d+)\.gulp$")
+_META_NAME = re.compile(r"meta_(\d+)\.gmeta$")
+
+
+def open_remote_gulp(
+    prefix: str,
+    objects: Mapping[str, int],
+    fetch: Callable[[str], bytes],
+    read_at: ReadAt,
+) -> GulpIndex | None:
+    """Index the gulp directory at ``prefix`` (a URL ending in ``/``) from a listing
+    (``objects``: URL -> size, every object under it); None when no chunk is directly under it.
+    ``fetch(url)`` reads a whole ``.gmeta``; frames are read with ``read_at``."""
+    data: dict[int, str] = {}
+    meta: dict[int, str] = {}
+    for url in objects:
+        name = url[len(prefix) :]
+        if match := _DATA_NAME.fullmatch(name):
+            data[int(match.group(1))] = url
+        elif match := _META_NAME.fullmatch(name):
+            meta[int(match.group(1))] = url
+    if not data and not meta:
+        return None
+    lone = sorted(data.keys() - meta.keys())
+    if lone:
+        raise GulpError(f"{data[lone[0]]}: data file without its meta file")
+    chunks = []
+    for number in sorted(data.keys() & meta.keys()):
+        files = ChunkFiles(number, data[number], meta[number])
+        try:
+            parsed = json.loads(fetch(files.meta_path))
+        except ValueError as exc:
+            raise GulpError(f"{files.meta_path}: unreadable meta file ({exc})") from exc
+        if not isinstance(parsed, dict):
+            raise GulpError(f"{files.meta_path}: meta file is not a JSON object")
+        chunks.append((files, parsed))
+    return GulpIndex.from_metas(prefix, chunks, objects, read_at)
+
+
 def _check_data_size(
-    files: ChunkFiles, meta: MetaDict, count: np.ndarray, table: np.ndarray
+    files: ChunkFiles,
+    meta: MetaDict,
+    count: np.ndarray,
+    table: np.ndarray,
+    data_sizes: Mapping[str, int] | None = None,
 ) -> None:
     if not len(table):
         return
     ends = table[:, 0] + table[:, 2]
     end = int(ends.max())
-    size = os.path.getsize(files.data_path)
+    if data_sizes is not None:
+        size = data_sizes[files.data_path]
+    else:
+        size = os.path.getsize(files.data_path)
     if size < end:
         row = int(np.argmax(ends > size))
         owner = list(meta)[int(np.searchsorted(np.cumsum(count), row, side="right"))]

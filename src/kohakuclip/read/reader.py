@@ -527,14 +527,14 @@ class Reader:
     ) -> None:
         """Every frame is a JPEG: one read and one decode per distinct wanted frame."""
         first: dict[int, int] = {}
-        with files.open(track.path) as fd:
+        with self._catalog.objects.open(track.path) as source:
             for t, f in enumerate(frames):
                 if not 0 <= f < track.n:
                     raise FrameRangeError(f"frame {f} out of range (video has {track.n} frames)")
                 if f in first:
                     out[t] = out[first[f]]
                     continue
-                data = os.pread(fd, int(track.sizes[f]), int(track.offsets[f]))
+                data = source.read(int(track.offsets[f]), int(track.sizes[f]))
                 worker.jpeg.write(
                     data, "jpeg", 0, track.width, track.height, crop, hflip, vflip, True, out[t]
                 )

@@ -31,7 +31,7 @@ from kohakuclip.formats import (
     VIDEO_INDEX_MAGIC,
     VideoEntry,
 )
-from kohakuclip.gulp.index import GulpIndex, open_gulp_source
+from kohakuclip.gulp.index import GulpIndex, open_gulp_source, open_remote_gulp
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.index import IndexFormatError, decode_index, video_entries
@@ -183,6 +183,8 @@ class Catalog:
             self._add_archive(url, remote=True)
             return
         listed = list_objects(url, self.objects.options)
+        if self._add_remote_gulp(url, listed):
+            return
         names = []
         for found, meta in listed:
             suffix = suffix_of(found)
@@ -193,13 +195,39 @@ class Catalog:
                 self.objects.remote(found, meta)
                 names.append(found[len(url) :])
             elif suffix in (".tar", ".gulp", ".gmeta"):
-                raise SourceError(f"{found}: only zip shards and mp4 files are read from URLs")
+                raise SourceError(
+                    f"{found}: only zip shards, mp4 files and gulp directories (a prefix "
+                    "holding data_<i>.gulp and meta_<i>.gmeta) are read from URLs"
+                )
         if names:
             sid = len(self.sources)
             self.sources.append(_Source(url, "folder", remote=True))
             self.videos.extend(VideoRef(sid, name) for name in names)
         elif not any(suffix_of(found) == ".zip" for found, _ in listed):
             raise SourceError(f"{url}: no zip shards or mp4 files under this prefix")
+
+    def _add_remote_gulp(self, url: str, listed: list[tuple[str, dict[str, Any]]]) -> bool:
+        """A gulp directory directly under the prefix ``url``; False when there is none."""
+        sizes = {found: int(meta["size"]) for found, meta in listed}
+        for found, meta in listed:
+            self.objects.remote(found, meta)
+
+        def fetch(found: str) -> bytes:
+            return self.objects.read(found, 0, sizes[found])
+
+        def read_at(path: str, offset: int, length: int) -> bytes:
+            return self.objects.read(path, offset, length)
+
+        try:
+            gulp = open_remote_gulp(url, sizes, fetch, read_at)
+        except ValueError as e:
+            raise SourceError(str(e)) from None
+        if gulp is None:
+            return False
+        sid = len(self.sources)
+        self.sources.append(_Source(url, "gulp", gulp=gulp, remote=True))
+        self.videos.extend(VideoRef(sid, str(id_)) for id_ in gulp.ids)
+        return True
 
     def _add_archive(self, path: str, remote: bool = False) -> None:
         kind = "tar" if path.endswith(".tar") else "zip"
