@@ -250,3 +250,32 @@ def test_missing_credentials_say_which_variables(s3, monkeypatch):
     }
     with pytest.raises(SourceError, match="AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY"):
         Reader(f"s3://{BUCKET}/shards/av1.zip", storage_options=options)
+
+
+def test_datasets_take_urls_in_worker_processes(s3, media):
+    torch = pytest.importorskip("torch")
+    from kohakuclip.torch import ClipDataset, ClipLoader, ImageDataset
+
+    url = f"s3://{BUCKET}/shards/av1.zip"
+    options = dict(batch_size=4, frames=4, size=24, threads=1, seed=2)
+    want = ClipDataset(media.av1_shard, **options).read_batch(0)
+    assert torch.equal(ClipDataset(url, **options).read_batch(0), want)
+    # a DataLoader worker (forked): new connections, same bytes
+    loader = ClipLoader(ClipDataset(url, **options), workers=1, timeout=60)
+    for batch in loader:
+        assert torch.equal(batch, want)
+        break
+    images = dict(batch_size=3, size=32, threads=1, seed=1)
+    local = ImageDataset(media.image_shard, **images).read_batch(0)
+    remote = ImageDataset(f"s3://{BUCKET}/images/shard_00000.zip", **images).read_batch(0)
+    assert torch.equal(remote, local)
+
+
+def test_forked_process_is_told_to_use_forkserver(s3):
+    from kohakuclip.storage.files import FileCache
+
+    with Reader(f"s3://{BUCKET}/shards/av1.zip", size=24) as r:
+        objects = r._catalog.objects
+        child = objects.after_fork(FileCache())  # what a forked child's catalog gets
+        with pytest.raises(OSError, match="forkserver"):
+            child.read(f"s3://{BUCKET}/shards/av1.zip", 0, 16)

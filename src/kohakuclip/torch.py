@@ -368,6 +368,15 @@ class ClipDataset(BatchDataset):
         return state
 
 
+def _context_for(dataset: Any) -> str | None:
+    """ "forkserver" for a dataset with object-storage sources (no fork after obstore ran)."""
+    from kohakuclip.storage.remote import is_url
+
+    sources = getattr(dataset, "sources", None)
+    listed = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources or [])
+    return "forkserver" if any(is_url(os.fspath(s)) for s in listed) else None
+
+
 class ClipLoader:
     """Iterate a batch dataset in this process or in DataLoader workers, and keep resume state.
 
@@ -388,7 +397,9 @@ class ClipLoader:
     Linux). A fork copies no running thread, so readers in this process must be idle then (this
     loader's in-process iterations drain before it forks); they are left open, not closed: a
     thread that is still exiting can hold a native lock (OpenCV's thread-local storage) that
-    the child would inherit locked. "forkserver" avoids the question at some start-up cost.
+    the child would inherit locked. "forkserver" avoids the question at some start-up cost, and
+    is the default when the dataset reads URLs (object storage): obstore's I/O runtime does not
+    survive a fork.
     """
 
     def __init__(
@@ -475,7 +486,7 @@ class ClipLoader:
             prefetch_factor=self.prefetch,
             pin_memory=self.pin_memory,
             timeout=self.timeout,
-            multiprocessing_context=self.multiprocessing_context,
+            multiprocessing_context=self.multiprocessing_context or _context_for(dataset),
             generator=torch.Generator(),  # keeps the global torch RNG untouched
         )
         return iter(loader)

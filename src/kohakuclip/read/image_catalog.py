@@ -94,6 +94,7 @@ class ImageCatalog:
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.objects = Objects(FileCache(64), storage_options)
+        self._pid = os.getpid()
         self.sources = []
         for p in sources:
             path = local_path(os.fspath(p))
@@ -188,7 +189,9 @@ class ImageCatalog:
         for src in self.sources:
             if src.records_pid not in (os.getpid(), -2):
                 src.records = None
-        self.objects = self.objects.after_fork(FileCache(64))
+        if self._pid != os.getpid():
+            self.objects = self.objects.after_fork(FileCache(64))
+            self._pid = os.getpid()
 
     def _find(self, image_id: int) -> tuple[_Source, int]:
         s = int(np.searchsorted(self._starts, image_id, side="right")) - 1

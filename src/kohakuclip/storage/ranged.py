@@ -14,7 +14,13 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from kohakuclip.storage.files import FileCache
-from kohakuclip.storage.remote import RemoteObject, is_url, local_path, open_object
+from kohakuclip.storage.remote import (
+    ObjectStoreError,
+    RemoteObject,
+    is_url,
+    local_path,
+    open_object,
+)
 
 
 class RangedFile(Protocol):
@@ -59,9 +65,15 @@ class Objects:
         self.options = dict(options or {})
         self._lock = threading.Lock()
         self._objects: dict[str, RemoteObject] = {}
+        self._forked = False
 
     def remote(self, url: str, meta: Mapping[str, Any] | None = None) -> RemoteObject:
         """The object at ``url``, opened with a HEAD the first time (none given ``meta``)."""
+        if self._forked:
+            raise ObjectStoreError(
+                f"{url}: object-storage sources cannot be read in a forked process (obstore's "
+                "runtime does not survive fork): start workers with 'forkserver' or 'spawn'"
+            )
         with self._lock:
             obj = self._objects.get(url)
         if obj is None:
@@ -71,13 +83,11 @@ class Objects:
         return obj
 
     def after_fork(self, files: FileCache) -> Objects:
-        """The same objects for a forked child: new descriptors, new connections."""
+        """The local files for a forked child. Remote objects cannot follow: obstore's I/O
+        runtime does not survive a fork (requests in the child would wait forever), so they
+        raise ``ObjectStoreError`` saying so."""
         fresh = Objects(files, self.options)
-        with self._lock:
-            for url, obj in self._objects.items():
-                fresh._objects[url] = open_object(
-                    url, self.options, {"size": obj.size, "e_tag": obj.etag}
-                )
+        fresh._forked = bool(self._objects) or self._forked
         return fresh
 
     @contextmanager
