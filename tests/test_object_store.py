@@ -279,3 +279,27 @@ def test_forked_process_is_told_to_use_forkserver(s3):
         child = objects.after_fork(FileCache())  # what a forked child's catalog gets
         with pytest.raises(OSError, match="forkserver"):
             child.read(f"s3://{BUCKET}/shards/av1.zip", 0, 16)
+
+
+def test_cache_dir_serves_repeat_reads_and_stays_bounded(s3, media, tmp_path):
+    from kohakuclip.storage.cache import BlockCache
+
+    url = f"s3://{BUCKET}/h264/"
+    want, _ = _clips(media.h264_folder)
+    first, _ = _clips(url, cache_dir=str(tmp_path / "cache"))
+    np.testing.assert_array_equal(first, want)
+    before = request_counts()
+    again, _ = _clips(url, cache_dir=str(tmp_path / "cache"))  # e.g. another process of the node
+    after = request_counts()
+    np.testing.assert_array_equal(again, want)
+    assert after["requests"] - before["requests"] == 1  # the listing: moov and GOPs from the cache
+    # a tiny bound: old blocks are evicted, reads stay right
+    small = BlockCache(str(tmp_path / "small"), 1 << 18, block=1 << 12)
+    for _ in range(2):
+        with Reader(url, size=24, threads=2) as r:
+            r._catalog.objects.cache = small
+            r._catalog.objects._objects.clear()
+            got = r.read([(0, [0, 5, 9, 9, 23])], seed=3).video
+        assert small.size() <= 1 << 18
+    with Reader(media.h264_folder, size=24, threads=2) as r:
+        np.testing.assert_array_equal(got, r.read([(0, [0, 5, 9, 9, 23])], seed=3).video)

@@ -25,6 +25,7 @@ from kohakuclip.formats import IMAGE_CODECS
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.read.image_manifest import ImageManifest
+from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.folder import list_folder
 from kohakuclip.storage.image_index import (
@@ -92,8 +93,9 @@ class ImageCatalog:
         sources: list[str],
         use_index: bool = True,
         storage_options: dict[str, Any] | None = None,
+        cache: BlockCache | None = None,
     ) -> None:
-        self.objects = Objects(FileCache(64), storage_options)
+        self.objects = Objects(FileCache(64), storage_options, cache)
         self._pid = os.getpid()
         self.sources = []
         for p in sources:

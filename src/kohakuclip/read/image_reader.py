@@ -27,6 +27,7 @@ from kohakuclip.read.image_crop import image_crop
 from kohakuclip.read.plan import ClipPlan, GopRead
 from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
 from kohakuclip.read.seeding import generator
+from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.remote import ObjectStoreError
 
@@ -118,7 +119,8 @@ class ImageReader:
     the window allows (``dct_scale``; not in "yuv" mode). Decoding runs on ``threads`` threads;
     every random choice of a batch comes from its seed. Sources may be URLs (``s3://``,
     ``gs://``, ``az://``, ``http(s)://``, ``file://``; a URL ending in ``/`` lists the zip
-    shards or images under it), read by ranged GETs with ``storage_options`` (as ``Reader``).
+    shards or images under it), read by ranged GETs with ``storage_options`` and the optional
+    ``cache_dir`` / ``cache_size`` block cache (as ``Reader``).
     """
 
     def __init__(
@@ -138,6 +140,8 @@ class ImageReader:
         use_index: bool = True,
         open_files: int = 4096,
         storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_size: int = 64 << 30,
     ) -> None:
         if mode not in get_args(ImageMode):
             raise ValueError(f"mode must be one of {get_args(ImageMode)}, got {mode!r}")
@@ -164,7 +168,10 @@ class ImageReader:
         self.hflip, self.vflip, self.dct_scale = hflip, vflip, dct_scale
         self.yuv_size = yuv_size
         self._open_files = open_files
-        self._catalog = ImageCatalog([os.fspath(p) for p in paths], use_index, storage_options)
+        cache = BlockCache(os.fspath(cache_dir), cache_size) if cache_dir else None
+        self._catalog = ImageCatalog(
+            [os.fspath(p) for p in paths], use_index, storage_options, cache
+        )
         self._rng = np.random.default_rng(seed)
         self._compiled = True  # False: every image through PyAV / Pillow (the tests' twin)
         self._pid = -1

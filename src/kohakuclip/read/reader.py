@@ -20,6 +20,7 @@ from kohakuclip.read.plan import ClipPlan, FrameRangeError, Skip, plan_clip
 from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
 from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator
+from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.catalog import Catalog, VideoTrack
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.remote import ObjectStoreError, fetch_ranges
@@ -148,7 +149,9 @@ class Reader:
     by ranged GETs (concurrent, touching ranges coalesced) before it is decoded.
     ``storage_options`` go to the store (``obstore.store.from_url`` keywords, e.g.
     ``endpoint``, ``region``, ``client_options``, ``retry_config``); credentials otherwise come
-    from the standard environment variables (``AWS_ACCESS_KEY_ID`` ...).
+    from the standard environment variables (``AWS_ACCESS_KEY_ID`` ...). ``cache_dir``: a
+    node-local cache of what is fetched (256 KiB blocks of each object version, shared safely by
+    the processes of a node), at most about ``cache_size`` bytes (``storage.cache``).
     """
 
     def __init__(
@@ -168,6 +171,8 @@ class Reader:
         window: int | None = None,
         gulp_fps: float | None = None,
         storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_size: int = 64 << 30,
     ) -> None:
         if mode not in get_args(OutputMode):
             raise ValueError(f"mode must be one of {get_args(OutputMode)}, got {mode!r}")
@@ -193,6 +198,7 @@ class Reader:
             gulp_fps,
             analyze_av1=skip is not False,
             storage_options=storage_options,
+            cache=BlockCache(os.fspath(cache_dir), cache_size) if cache_dir else None,
         )
         self.window = window if window is not None else self._catalog.max_short_side(512)
         if self.window % 2:

@@ -33,6 +33,7 @@ from kohakuclip.formats import (
 )
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source, open_remote_gulp
 from kohakuclip.gulp.meta import is_gulp_directory
+from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.index import IndexFormatError, decode_index, video_entries
 from kohakuclip.storage.manifest import VideoManifests
@@ -129,6 +130,7 @@ class Catalog:
         gulp_fps: float | None = None,
         analyze_av1: bool = True,
         storage_options: dict[str, Any] | None = None,
+        cache: BlockCache | None = None,
     ) -> None:
         self._analyze = analyze_av1
         self._gulp_fps = gulp_fps
@@ -136,7 +138,7 @@ class Catalog:
         self._open_files = open_files
         self._pid = os.getpid()
         self.files = FileCache(open_files)
-        self.objects = Objects(self.files, storage_options)
+        self.objects = Objects(self.files, storage_options, cache)
         self.sources: list[_Source] = []
         self.videos: list[VideoRef] = []
         self._lock = threading.Lock()
@@ -180,7 +182,12 @@ class Catalog:
         """An object, or every shard and mp4 file under a prefix (a URL ending in ``/``)."""
         if not url.endswith("/"):
             self.objects.remote(url)
-            self._add_archive(url, remote=True)
+            if suffix_of(url) in VIDEO_SUFFIXES:  # one mp4: a folder source of one video
+                folder, name = url.rsplit("/", 1)
+                self.sources.append(_Source(folder + "/", "folder", remote=True))
+                self.videos.append(VideoRef(len(self.sources) - 1, name))
+            else:
+                self._add_archive(url, remote=True)
             return
         listed = list_objects(url, self.objects.options)
         if self._add_remote_gulp(url, listed):

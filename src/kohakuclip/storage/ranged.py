@@ -60,9 +60,12 @@ class Objects:
     """The remote objects of a catalog's sources (with their ``storage_options``), opened once;
     local paths go through a ``FileCache``."""
 
-    def __init__(self, files: FileCache, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, files: FileCache, options: Mapping[str, Any] | None = None, cache: Any = None
+    ) -> None:
         self.files = files
         self.options = dict(options or {})
+        self.cache = cache  # a ``storage.cache.BlockCache`` for remote reads, or None
         self._lock = threading.Lock()
         self._objects: dict[str, RemoteObject] = {}
         self._forked = False
@@ -77,7 +80,7 @@ class Objects:
         with self._lock:
             obj = self._objects.get(url)
         if obj is None:
-            obj = open_object(url, self.options, meta)
+            obj = open_object(url, self.options, meta, self.cache)
             with self._lock:
                 obj = self._objects.setdefault(url, obj)
         return obj
@@ -86,7 +89,7 @@ class Objects:
         """The local files for a forked child. Remote objects cannot follow: obstore's I/O
         runtime does not survive a fork (requests in the child would wait forever), so they
         raise ``ObjectStoreError`` saying so."""
-        fresh = Objects(files, self.options)
+        fresh = Objects(files, self.options, self.cache)
         fresh._forked = bool(self._objects) or self._forked
         return fresh
 

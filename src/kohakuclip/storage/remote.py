@@ -177,6 +177,7 @@ class RemoteObject:
     key: str
     size: int
     etag: str | None
+    cache: Any = None  # a ``storage.cache.BlockCache``, or None
 
     @property
     def name(self) -> str:
@@ -190,9 +191,13 @@ class RemoteObject:
 
 
 def open_object(
-    url: str, options: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None
+    url: str,
+    options: Mapping[str, Any] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    cache: Any = None,
 ) -> RemoteObject:
-    """The object at ``url``: one HEAD, unless ``meta`` (a listing's entry) already says."""
+    """The object at ``url``: one HEAD, unless ``meta`` (a listing's entry) already says.
+    ``cache``: a ``storage.cache.BlockCache`` its reads go through."""
     root, key = _split(url)
     store = _STORES.get(root, options)
     if meta is None:
@@ -203,7 +208,7 @@ def open_object(
             meta = obstore.head(store, key)
         except Exception as e:
             raise describe_error(url, e) from None
-    return RemoteObject(url, store, key, int(meta["size"]), meta.get("e_tag"))
+    return RemoteObject(url, store, key, int(meta["size"]), meta.get("e_tag"), cache)
 
 
 def list_objects(
@@ -257,9 +262,45 @@ async def _get_all(requests: list[tuple[RemoteObject, int, int]]) -> list[Any]:
     return await asyncio.gather(*(_get(o, a, b, gate) for o, a, b in requests))
 
 
+def _cached_blocks(
+    obj: RemoteObject, ranges: list[tuple[int, int]], located: list[tuple[int, int, memoryview]]
+) -> list[tuple[int, int]]:
+    """The cache's blocks covering ``ranges`` into ``located``; returns the byte ranges of the
+    missing ones (adjacent blocks merged)."""
+    cache, block = obj.cache, obj.cache.block
+    numbers = sorted(
+        {n for a, b in ranges if b > a for n in range(a // block, (b - 1) // block + 1)}
+    )
+    missing: list[tuple[int, int]] = []
+    for n in numbers:
+        a, b = n * block, min((n + 1) * block, obj.size)
+        data = cache.get(obj.url, obj.etag, n, b - a)
+        if data is not None:
+            located.append((a, b, memoryview(data)))
+        elif missing and missing[-1][1] == a:
+            missing[-1] = (missing[-1][0], b)
+        else:
+            missing.append((a, b))
+    return missing
+
+
+def _piece(pieces: list[tuple[int, int, memoryview]], start: int, end: int) -> memoryview:
+    """Bytes ``start:end`` from pieces that cover them."""
+    for a, b, view in pieces:
+        if a <= start and end <= b:
+            return view[start - a : end - a]
+    parts = [
+        view[max(start, a) - a : min(end, b) - a]
+        for a, b, view in sorted(pieces, key=lambda p: p[0])
+        if a < end and b > start
+    ]
+    return memoryview(b"".join(parts))
+
+
 def fetch_ranges(wanted: Sequence[tuple[RemoteObject, int, int]]) -> list[memoryview]:
     """The bytes of each (object, start, end) range, fetched concurrently (ranges of one object
-    that touch or overlap coalesced into one GET). A range past the object's end is an error."""
+    that touch or overlap coalesced into one GET; objects with a cache: its missing blocks).
+    A range past the object's end is an error."""
     by_object: dict[str, tuple[RemoteObject, list[tuple[int, int]]]] = {}
     for obj, start, end in wanted:
         if start < 0 or end > obj.size or end < start:
@@ -267,27 +308,28 @@ def fetch_ranges(wanted: Sequence[tuple[RemoteObject, int, int]]) -> list[memory
                 f"{obj.url}: range {start}-{end} outside the object ({obj.size} bytes)"
             )
         by_object.setdefault(obj.url, (obj, []))[1].append((start, end))
-    requests = [
-        (obj, a, b) for obj, ranges in by_object.values() for a, b in _coalesce(ranges) if b > a
-    ]
-    blocks = _run(_get_all(requests)) if requests else []
-    _count(len(requests), sum(len(b) for b in blocks))
-    located: dict[str, list[tuple[int, int, memoryview]]] = {}
-    for (obj, a, b), data in zip(requests, blocks):
+    located: dict[str, list[tuple[int, int, memoryview]]] = {url: [] for url in by_object}
+    requests: list[tuple[RemoteObject, int, int]] = []
+    for url, (obj, ranges) in by_object.items():
+        runs = _cached_blocks(obj, ranges, located[url]) if obj.cache else _coalesce(ranges)
+        requests.extend((obj, a, b) for a, b in runs if b > a)
+    fetched = _run(_get_all(requests)) if requests else []
+    _count(len(requests), sum(len(b) for b in fetched))
+    for (obj, a, b), data in zip(requests, fetched):
         view = memoryview(data)
         if len(view) != b - a:
             raise ObjectStoreError(f"{obj.url}: short read ({len(view)} of {b - a} bytes at {a})")
-        located.setdefault(obj.url, []).append((a, b, view))
-    out = []
-    for obj, start, end in wanted:
-        if start == end:
-            out.append(memoryview(b""))
-            continue
-        for a, b, view in located[obj.url]:
-            if a <= start and end <= b:
-                out.append(view[start - a : end - a])
-                break
-    return out
+        located[obj.url].append((a, b, view))
+        if obj.cache:
+            block = obj.cache.block
+            for start in range(a, b, block):
+                obj.cache.put(
+                    obj.url, obj.etag, start // block, view[start - a : min(b, start + block) - a]
+                )
+    return [
+        _piece(located[obj.url], start, end) if end > start else memoryview(b"")
+        for obj, start, end in wanted
+    ]
 
 
 def _run(coroutine: Any) -> Any:
