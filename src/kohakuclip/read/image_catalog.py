@@ -65,11 +65,26 @@ class _Source:
     gulp: GulpIndex | None = None
 
 
+def _expand_shard_folders(sources: list[str]) -> list[str]:
+    """Sources with each folder that holds shards but no images replaced by its shards
+    (e.g. kohakuclip-write-images' output)."""
+    out = []
+    for path in map(os.fspath, sources):
+        if os.path.isdir(path) and not is_gulp_directory(path):
+            if not list_folder(path, IMAGE_SUFFIXES):
+                shards = list_folder(path, (".zip", ".tar"))
+                if shards:
+                    out += [os.path.join(path, name) for name in shards]
+                    continue
+        out.append(path)
+    return out
+
+
 class ImageCatalog:
     """Image ids ``0 .. len-1`` over the sources, in source order."""
 
     def __init__(self, sources: list[str], use_index: bool = True) -> None:
-        self.sources = [self._open(os.fspath(p), use_index) for p in sources]
+        self.sources = [self._open(p, use_index) for p in _expand_shard_folders(sources)]
         counts = np.array([s.count for s in self.sources], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self._lock = threading.Lock()

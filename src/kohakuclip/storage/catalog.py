@@ -34,6 +34,8 @@ from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.index import IndexFormatError, decode_index, video_entries
 from kohakuclip.storage.manifest import VideoManifests
 from kohakuclip.storage.tar import list_tar
+
+SHARD_SUFFIXES = (".zip", ".tar")
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
 
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov")
@@ -145,13 +147,23 @@ class Catalog:
         if os.path.isdir(path):
             from kohakuclip.storage.folder import list_folder
 
+            names = list_folder(path, VIDEO_SUFFIXES)
+            shards = [] if names else list_folder(path, SHARD_SUFFIXES)
+            if shards:  # a folder of shards, e.g. kohakuclip-write's output
+                for name in shards:
+                    self._add_source(os.path.join(path, name))
+                return
             sid = len(self.sources)
             self.sources.append(_Source(path, "folder"))
-            names = list_folder(path, VIDEO_SUFFIXES)
             self.videos.extend(VideoRef(sid, name) for name in names)
             return
         if not os.path.exists(path):
             raise SourceError(f"{path}: no such file or directory")
+        if path.lower().endswith(VIDEO_SUFFIXES):  # one video file: a folder of one
+            sid = len(self.sources)
+            self.sources.append(_Source(os.path.dirname(path) or ".", "folder"))
+            self.videos.append(VideoRef(sid, os.path.basename(path)))
+            return
         kind = "tar" if path.endswith(".tar") else "zip"
         src = _Source(path, kind)
         sid = len(self.sources)
