@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from kohakuclip.formats import IMAGE_CODECS
+from kohakuclip.formats import IMAGE_CODECS, SHARD_SUFFIXES
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.read.image_manifest import ImageManifest
@@ -70,13 +70,12 @@ def _expand_shard_folders(sources: list[str]) -> list[str]:
     (e.g. kohakuclip-write-images' output)."""
     out = []
     for path in map(os.fspath, sources):
-        if os.path.isdir(path) and not is_gulp_directory(path):
-            if not list_folder(path, IMAGE_SUFFIXES):
-                shards = list_folder(path, (".zip", ".tar"))
-                if shards:
-                    out += [os.path.join(path, name) for name in shards]
-                    continue
-        out.append(path)
+        plain = os.path.isdir(path) and not is_gulp_directory(path)
+        shards = list_folder(path, SHARD_SUFFIXES) if plain else []
+        if shards and not list_folder(path, IMAGE_SUFFIXES):
+            out += [os.path.join(path, name) for name in shards]
+        else:
+            out.append(path)
     return out
 
 

@@ -25,6 +25,7 @@ from kohakuclip.formats import (
     FLAG_KEYFRAME,
     FRAME_RECORD,
     INDEX_MEMBER,
+    SHARD_SUFFIXES,
     VIDEO_INDEX_MAGIC,
     VideoEntry,
 )
@@ -34,8 +35,6 @@ from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.index import IndexFormatError, decode_index, video_entries
 from kohakuclip.storage.manifest import VideoManifests
 from kohakuclip.storage.tar import list_tar
-
-SHARD_SUFFIXES = (".zip", ".tar")
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
 
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov")
