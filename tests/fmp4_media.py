@@ -182,3 +182,26 @@ def hand_fragmented(plain: bytes, layout: str) -> bytes:
     for seq, (a, b) in enumerate(itertools.pairwise(starts), 1):
         out += _fragment(layout, seq, samples[a:b], len(out))
     return bytes(out)
+
+
+def with_edit_list(data: bytes, edits: list[tuple[int, int]]) -> bytes:
+    """A fragmented file (moof-relative data offsets, no samples in the moov) with an elst of
+    (duration, media_time) edits put in its video trak: the moov grows, nothing else moves."""
+    payload = struct.pack(">II", 0, len(edits))
+    payload += b"".join(struct.pack(">Iii", d, m, 1 << 16) for d, m in edits)
+    edts = _box(b"edts", _box(b"elst", payload))
+
+    def rebuild(buf: bytes, start: int, end: int) -> bytes:
+        out = b""
+        for box in iter_boxes(buf, start, end):
+            if box.type not in (b"moov", b"trak"):
+                out += buf[box.start : box.end]
+                continue
+            body = rebuild(buf, box.body, box.end)
+            if box.type == b"trak":
+                tkhd = next(iter_boxes(body))
+                body = body[: tkhd.end] + edts + body[tkhd.end :]
+            out += _box(box.type, body)
+        return out
+
+    return rebuild(data, 0, len(data))

@@ -10,7 +10,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from fmp4_media import HAND_LAYOUTS, hand_fragmented, remux
+from fmp4_media import HAND_LAYOUTS, hand_fragmented, remux, with_edit_list
 from media import VideoSpec, decode_planes, make_video
 from test_mp4 import assert_matches_pyav, boxes_at_top, pyav_table
 
@@ -89,6 +89,15 @@ def test_hand_made_fragments(media: dict[str, bytes], name: str) -> None:
         assert_matches_pyav(data)
     else:
         assert pyav_table(data)["offsets"].tolist() != parse_mp4_bytes(data).offsets.tolist()
+
+
+@pytest.mark.parametrize("edits", [[(800, 1024 + 5 * 512)], [(500, -1), (1000, 1024)]])
+def test_edit_list_of_a_fragmented_file_hides_nothing(media: dict[str, bytes], edits) -> None:
+    """FFmpeg shows every fragment sample whatever the edit list says (a trim, an empty edit)."""
+    data = with_edit_list(media["moof_base"], edits)
+    assert b"elst" in data and b"elst" not in media["moof_base"]
+    assert_matches_pyav(data)
+    assert_same_samples({**media, "edited": data}, "edited")
 
 
 def test_fragment_walk_reads_little(media: dict[str, bytes]) -> None:
@@ -172,9 +181,10 @@ def test_bad_fragments_raise_naming_the_file(media: dict[str, bytes], tmp_path) 
     with pytest.raises(Mp4Error, match=r"head\.mp4: video track has no samples"):
         parse_mp4_bytes(moov_only, where="head.mp4")
     at = data.find(b"trun") + 8  # the first trun's sample count
-    many = data[:at] + (10**6).to_bytes(4, "big") + data[at + 4 :]
-    with pytest.raises(Mp4Error, match=r"count\.mp4: trun table truncated"):
-        parse_mp4_bytes(many, where="count.mp4")
+    for count, problem in ((500, "trun table truncated"), (10**9, "trun claims 1000000000")):
+        many = data[:at] + count.to_bytes(4, "big") + data[at + 4 :]
+        with pytest.raises(Mp4Error, match=rf"count\.mp4: {problem}"):
+            parse_mp4_bytes(many, where="count.mp4")
     at = data.find(b"tfhd") + 8  # the first tfhd's track id
     other = data[:at] + (7).to_bytes(4, "big") + data[at + 4 :]
     with pytest.raises(Mp4Error, match=r"track\.mp4: fragment of track 7"):

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kohakuclip.mp4.boxes import Box, Mp4Error, ReadAt, _header, iter_boxes
+from kohakuclip.mp4.boxes import Box, Mp4Error, ReadAt, box_header, iter_boxes
 
 _WINDOW = 4096
 """Bytes read at a time while walking the fragments."""
@@ -41,6 +41,15 @@ _DEFAULT_DURATION = 0x000008
 _DEFAULT_SIZE = 0x000010
 _DEFAULT_FLAGS = 0x000020
 _DEFAULT_BASE_IS_MOOF = 0x020000
+_TFHD_FIELDS = {
+    _BASE_DATA_OFFSET: 8,
+    _DESCRIPTION_INDEX: 4,
+    _DEFAULT_DURATION: 4,
+    _DEFAULT_SIZE: 4,
+    _DEFAULT_FLAGS: 4,
+}
+"""The optional tfhd fields after the track id, in order, and their sizes."""
+_TFHD_DEFAULTS = {_DEFAULT_DURATION: "duration", _DEFAULT_SIZE: "size", _DEFAULT_FLAGS: "flags"}
 
 # trun flags
 _DATA_OFFSET = 0x000001
@@ -116,7 +125,7 @@ def _moofs(
     while pos < size:
         if size - pos < 8:
             raise Mp4Error(where, f"{size - pos} stray bytes at byte {pos}")
-        box = _header(window.read(pos, min(16, size - pos)), 0, size - pos, where, origin=pos)
+        box = box_header(window.read(pos, min(16, size - pos)), 0, size - pos, where, origin=pos)
         if box.type == b"moof":
             yield box.start, window.read(box.start, box.end - box.start)
         pos = box.end
@@ -131,14 +140,23 @@ class _Run(NamedTuple):
 
 
 def _trun(
-    buf: bytes | memoryview, box: Box, base: int, after: int, defaults: TrackDefaults, where: str
+    buf: bytes | memoryview,
+    box: Box,
+    base: int,
+    after: int,
+    defaults: TrackDefaults,
+    limit: int,
+    where: str,
 ) -> _Run:
     """One ``trun`` (``box`` lies in ``buf``): its data starts at ``base`` plus its data offset,
-    or at ``after`` (where the previous run ended) when it gives none."""
+    or at ``after`` (where the previous run ended) when it gives none. ``limit``: the file's
+    size."""
     if box.end - box.body < 8:
         raise Mp4Error(where, "trun box too short")
     version_flags, count = struct.unpack_from(">II", buf, box.body)
     flags = version_flags & 0xFFFFFF
+    if count > limit:  # every sample takes a byte of the file at least
+        raise Mp4Error(where, f"trun claims {count} samples in a {limit}-byte file")
     pos = box.body + 8
     data_start = after
     if flags & _DATA_OFFSET:
@@ -189,32 +207,20 @@ def _tfhd(
     buf: bytes | memoryview, box: Box, defaults: TrackDefaults, where: str
 ) -> tuple[int | None, bool, TrackDefaults]:
     """(base data offset or None, default-base-is-moof, the fragment's sample defaults)."""
-    if box.end - box.body < 8:
-        raise Mp4Error(where, "tfhd box too short")
-    flags = _U32.unpack_from(buf, box.body)[0] & 0xFFFFFF
-    pos = box.body + 8
-    base = None
-    duration, size, sample_flags = defaults
-    if flags & _BASE_DATA_OFFSET:
-        base = struct.unpack_from(">Q", buf, pos)[0] if pos + 8 <= box.end else -1
-        pos += 8
-    pos += 4 if flags & _DESCRIPTION_INDEX else 0
-    values = []
-    for bit in (_DEFAULT_DURATION, _DEFAULT_SIZE, _DEFAULT_FLAGS):
-        if flags & bit:
-            if pos + 4 > box.end:
-                break
-            values.append(_U32.unpack_from(buf, pos)[0])
-            pos += 4
-        else:
-            values.append(None)
-    if pos > box.end or base == -1:
+    flags = _U32.unpack_from(buf, box.body)[0] & 0xFFFFFF if box.end - box.body >= 4 else 0
+    present = [bit for bit in _TFHD_FIELDS if flags & bit]
+    if box.end - box.body < 8 + sum(_TFHD_FIELDS[bit] for bit in present):
         raise Mp4Error(where, "tfhd box too short for its flags")
-    duration = duration if values[0] is None else values[0]
-    size = size if values[1] is None else values[1]
-    sample_flags = sample_flags if values[2] is None else values[2]
-    moof_base = bool(flags & _DEFAULT_BASE_IS_MOOF)
-    return base, moof_base, TrackDefaults(duration, size, sample_flags)
+    values = dict(defaults._asdict())
+    base = None
+    pos = box.body + 8
+    for bit in present:
+        if bit == _BASE_DATA_OFFSET:
+            base = int(struct.unpack_from(">Q", buf, pos)[0])
+        elif bit != _DESCRIPTION_INDEX:
+            values[_TFHD_DEFAULTS[bit]] = _U32.unpack_from(buf, pos)[0]
+        pos += _TFHD_FIELDS[bit]
+    return base, bool(flags & _DEFAULT_BASE_IS_MOOF), TrackDefaults(**values)
 
 
 def _tfdt(buf: bytes | memoryview, box: Box, where: str) -> int:
@@ -250,7 +256,7 @@ def fragment_samples(
     dts_parts: list[np.ndarray] = []
     for moof_start, data in _moofs(read_at, size, before, first, where):
         implicit = moof_start  # where the previous traf's data ended (first traf: the moof)
-        moof = _header(data, 0, len(data), where)
+        moof = box_header(data, 0, len(data), where)
         for traf in iter_boxes(data, moof.body, moof.end, where):
             if traf.type != b"traf":
                 continue
@@ -269,7 +275,7 @@ def fragment_samples(
             for box in boxes:
                 if box.type != b"trun":
                     continue
-                run = _trun(data, box, base, after, frag_defaults, where)
+                run = _trun(data, box, base, after, frag_defaults, size, where)
                 if len(run.sizes):
                     after = int(run.offsets[-1] + run.sizes[-1])
                 if tid != track_id or not len(run.sizes):
