@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import tarfile
 import zipfile
 
 import numpy as np
 import pytest
 from fmp4_media import HAND_LAYOUTS, hand_fragmented, remux, with_edit_list
-from media import VideoSpec, decode_planes, make_video
-from test_mp4 import assert_matches_pyav, boxes_at_top, pyav_table
+from media import ENCODER_OPTIONS, VideoSpec, decode_planes, make_video
+from test_mp4 import assert_matches_pyav, boxes_at_top, mux, pyav_table
 
 from kohakuclip import ClipError, Reader, pack
 from kohakuclip.mp4.boxes import Mp4Error, iter_boxes
@@ -98,6 +99,32 @@ def test_edit_list_of_a_fragmented_file_hides_nothing(media: dict[str, bytes], e
     assert b"elst" in data and b"elst" not in media["moof_base"]
     assert_matches_pyav(data)
     assert_same_samples({**media, "edited": data}, "edited")
+
+
+@pytest.mark.parametrize("every_frame", [False, True])
+def test_audio_and_video_fragments(every_frame: bool, tmp_path) -> None:
+    """AAC trafs beside the video's, no tfhd base: a traf's data starts where the previous traf's
+    (audio or video) ended. One fragment per frame, FFmpeg's muxer gives a sample no duration
+    and FFmpeg never shows the next one (its decode time does not advance): neither do we."""
+    flags = ("frag_every_frame" if every_frame else "frag_keyframe") + "+empty_moov"
+    flags += "+omit_tfhd_offset"
+    data = mux(ENCODER_OPTIONS["h264"], audio_first=True, options={"movflags": flags})
+    moofs = [b for b in iter_boxes(data) if b.type == b"moof"]
+    trafs = [[b.type for b in iter_boxes(data, m.body, m.end)].count(b"traf") for m in moofs]
+    assert max(trafs) == (1 if every_frame else 2)
+    tfhd_flags = [data[m.start() + 7] for m in re.finditer(b"tfhd", data)]
+    assert len(tfhd_flags) == sum(trafs) and not any(f & 1 for f in tfhd_flags)  # no base
+    track = parse_mp4_bytes(data)
+    assert_matches_pyav(data, track)
+    shown = decode_planes(data)
+    assert track.n == len(shown) == (23 if every_frame else 24)
+    (tmp_path / "av.mp4").write_bytes(data)
+    frames = list(range(track.n))
+    with Reader(str(tmp_path), size=SIZE, crop="center", mode="yuv_resized") as reader:
+        clip = reader.read([(0, frames)]).video[0]
+    for f in frames:
+        luma = clip[f, : SIZE * SIZE].reshape(SIZE, SIZE)
+        assert np.array_equal(luma, shown[f][0][:, 16:80]), f
 
 
 def test_fragment_walk_reads_little(media: dict[str, bytes]) -> None:

@@ -4,7 +4,8 @@ Reads are few: the top-level box headers (the first 64 KiB in one read, which ho
 faststart file's whole moov), then the moov in one read. The tables are decoded with numpy
 straight from the box payloads. Edit lists are honoured as FFmpeg does (see ``mp4.edits``).
 A fragmented mp4 (an ``mvex`` in its moov) adds the samples of its movie fragments after the
-moov's own (see ``mp4.fragments``); as in FFmpeg, its edit list hides no sample then.
+moov's own (see ``mp4.fragments``); as in FFmpeg, its edit list hides no sample then, and a
+fragment's sample whose decode time does not pass the previous one's is never shown.
 """
 
 from __future__ import annotations
@@ -400,8 +401,10 @@ def _video_track(
         edits, samples.dts, samples.pts, keyframes, samples.has_ctts, movie_timescale, timescale
     )
     if edited is None:
-        display = np.empty(n, np.int32)
-        display[np.argsort(samples.pts, kind="stable")] = np.arange(n, dtype=np.int32)
+        display = np.full(n, -1, np.int32)
+        visible = np.arange(n) if samples.shown is None else np.flatnonzero(samples.shown)
+        order = visible[np.argsort(samples.pts[visible], kind="stable")]
+        display[order] = np.arange(len(order), dtype=np.int32)
     else:
         picked = edited.samples
         offsets, sizes, keyframes = offsets[picked], sizes[picked], keyframes[picked]
@@ -445,6 +448,7 @@ class _Samples(NamedTuple):
     has_ctts: bool
     n: int  # samples and ...
     ticks: int  # ... their total duration (FFmpeg's frame rate is the ratio)
+    shown: np.ndarray | None = None  # bool per sample, None: all (edit lists aside)
 
 
 def _stbl_samples(
@@ -468,19 +472,25 @@ def _stbl_samples(
 
 
 def _with_fragments(samples: _Samples, more: FragmentSamples) -> _Samples:
-    """The moov's samples followed by the fragments' ones."""
+    """The moov's samples followed by the fragments' ones. As in FFmpeg, a fragment's sample
+    whose decode time does not pass the previous sample's is decoded but never shown."""
     n = len(more.sizes)
     if n == 0:
         return samples
+    dts = np.concatenate([samples.dts, more.dts])
+    shown = np.ones(len(dts), bool)
+    shown[1:] = dts[1:] > dts[:-1]
+    shown[: len(samples.dts)] = True
     return _Samples(
         np.concatenate([samples.offsets.astype(np.int64), more.offsets]),
         np.concatenate([samples.sizes.astype(np.int64), more.sizes]),
         np.concatenate([samples.keyframes, more.keyframes]),
-        np.concatenate([samples.dts, more.dts]),
+        dts,
         np.concatenate([samples.pts, more.dts + more.cts]),
         samples.has_ctts or more.has_cts,
         samples.n + n,
         samples.ticks + more.ticks,
+        shown,
     )
 
 
