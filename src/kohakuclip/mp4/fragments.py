@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from itertools import accumulate
 from typing import NamedTuple
 
 import numpy as np
@@ -49,7 +50,8 @@ _TFHD_FIELDS = {
     _DEFAULT_FLAGS: 4,
 }
 """The optional tfhd fields after the track id, in order, and their sizes."""
-_TFHD_DEFAULTS = {_DEFAULT_DURATION: "duration", _DEFAULT_SIZE: "size", _DEFAULT_FLAGS: "flags"}
+_TFHD_DEFAULTS = {_DEFAULT_DURATION: 0, _DEFAULT_SIZE: 1, _DEFAULT_FLAGS: 2}
+"""Where each tfhd default goes in a TrackDefaults."""
 
 # trun flags
 _DATA_OFFSET = 0x000001
@@ -131,12 +133,23 @@ def _moofs(
         pos = box.end
 
 
+_TRUN_FIELDS = (
+    (_SAMPLE_DURATION, "I"),
+    (_SAMPLE_SIZE, "I"),
+    (_SAMPLE_FLAGS, "I"),
+    (_SAMPLE_CTS, "i"),
+)
+"""The optional per-sample trun fields, in order, and their struct codes (cts signed)."""
+
+
 class _Run(NamedTuple):
-    offsets: np.ndarray
-    sizes: np.ndarray
-    durations: np.ndarray
-    flags: np.ndarray
-    cts: np.ndarray | None
+    """One trun's samples (tuples: runs are often a sample or a few, numpy would cost more)."""
+
+    start: int  # where its data starts in the file
+    sizes: tuple[int, ...]
+    durations: tuple[int, ...]
+    flags: tuple[int, ...]
+    cts: tuple[int, ...] | None
 
 
 def _trun(
@@ -166,40 +179,27 @@ def _trun(
         pos += 4
     first_flags = None
     if flags & _FIRST_SAMPLE_FLAGS:
-        first_flags = _U32.unpack_from(buf, pos)[0]
+        first_flags = _U32.unpack_from(buf, pos)[0] if pos + 4 <= box.end else None
         pos += 4
-    fields = [
-        (name, ">i4" if name == "cts" else ">u4")
-        for bit, name in (
-            (_SAMPLE_DURATION, "duration"),
-            (_SAMPLE_SIZE, "size"),
-            (_SAMPLE_FLAGS, "flags"),
-            (_SAMPLE_CTS, "cts"),
-        )
-        if flags & bit
-    ]
-    if pos > box.end or (fields and pos + 4 * len(fields) * count > box.end):
+    present = [(bit, code) for bit, code in _TRUN_FIELDS if flags & bit]
+    width = len(present)
+    if pos > box.end or pos + 4 * width * count > box.end:
         raise Mp4Error(where, f"trun table truncated ({count} entries)")
-    if fields:
-        table = np.frombuffer(buf, np.dtype(fields), count, pos)
-    names = {name for name, _ in fields}
+    table = struct.unpack_from(">" + "".join(c for _, c in present) * count, buf, pos)
+    columns = {bit: table[j::width] for j, (bit, _) in enumerate(present)}
 
-    def column(name: str, default: int) -> np.ndarray:
-        if name in names:
-            return table[name].astype(np.int64)
-        return np.full(count, default, np.int64)
+    def column(bit: int, default: int) -> tuple[int, ...]:
+        return columns[bit] if bit in columns else (default,) * count
 
-    sizes = column("size", defaults.size)
-    sample_flags = column("flags", defaults.flags)
+    sample_flags = column(_SAMPLE_FLAGS, defaults.flags)
     if first_flags is not None and count:
-        sample_flags[0] = first_flags
-    offsets = data_start + np.cumsum(sizes) - sizes
+        sample_flags = (first_flags, *sample_flags[1:])
     return _Run(
-        offsets,
-        sizes,
-        column("duration", defaults.duration),
+        data_start,
+        column(_SAMPLE_SIZE, defaults.size),
+        column(_SAMPLE_DURATION, defaults.duration),
         sample_flags,
-        column("cts", 0) if "cts" in names else None,
+        columns.get(_SAMPLE_CTS),
     )
 
 
@@ -211,7 +211,7 @@ def _tfhd(
     present = [bit for bit in _TFHD_FIELDS if flags & bit]
     if box.end - box.body < 8 + sum(_TFHD_FIELDS[bit] for bit in present):
         raise Mp4Error(where, "tfhd box too short for its flags")
-    values = dict(defaults._asdict())
+    values = list(defaults)
     base = None
     pos = box.body + 8
     for bit in present:
@@ -220,7 +220,7 @@ def _tfhd(
         elif bit != _DESCRIPTION_INDEX:
             values[_TFHD_DEFAULTS[bit]] = _U32.unpack_from(buf, pos)[0]
         pos += _TFHD_FIELDS[bit]
-    return base, bool(flags & _DEFAULT_BASE_IS_MOOF), TrackDefaults(**values)
+    return base, bool(flags & _DEFAULT_BASE_IS_MOOF), TrackDefaults(*values)
 
 
 def _tfdt(buf: bytes | memoryview, box: Box, where: str) -> int:
@@ -252,8 +252,13 @@ def fragment_samples(
     """
     if track_id not in defaults:
         raise Mp4Error(where, f"fragmented mp4 without a trex box for track {track_id}")
-    runs: list[_Run] = []
-    dts_parts: list[np.ndarray] = []
+    offsets: list[int] = []
+    sizes: list[int] = []
+    flags: list[int] = []
+    dts: list[int] = []
+    cts: list[int] = []
+    has_cts = False
+    ticks = 0
     for moof_start, data in _moofs(read_at, size, before, first, where):
         implicit = moof_start  # where the previous traf's data ended (first traf: the moof)
         moof = box_header(data, 0, len(data), where)
@@ -270,34 +275,36 @@ def fragment_samples(
             base, moof_base, frag_defaults = _tfhd(data, tfhd, defaults[tid], where)
             if base is None:
                 base = moof_start if moof_base else implicit
-            dts0 = next((_tfdt(data, b, where) for b in boxes if b.type == b"tfdt"), next_dts)
+            if tid == track_id:
+                next_dts = next(
+                    (_tfdt(data, b, where) for b in boxes if b.type == b"tfdt"), next_dts
+                )
             after = base
             for box in boxes:
                 if box.type != b"trun":
                     continue
                 run = _trun(data, box, base, after, frag_defaults, size, where)
-                if len(run.sizes):
-                    after = int(run.offsets[-1] + run.sizes[-1])
-                if tid != track_id or not len(run.sizes):
+                starts = list(accumulate(run.sizes, initial=run.start))
+                after = starts.pop()
+                if tid != track_id:
                     continue
-                runs.append(run)
-                dts = dts0 + np.cumsum(run.durations) - run.durations
-                dts_parts.append(dts)
-                dts0 = int(dts[-1] + run.durations[-1])
+                times = list(accumulate(run.durations, initial=next_dts))
+                next_dts = times.pop()
+                offsets += starts
+                sizes += run.sizes
+                flags += run.flags
+                dts += times
+                cts += run.cts or (0,) * len(run.sizes)
+                has_cts |= run.cts is not None
+                ticks += sum(run.durations)
             implicit = after
-            if tid == track_id:
-                next_dts = dts0
-    if not runs:
-        empty = np.zeros(0, np.int64)
-        return FragmentSamples(empty, empty, np.zeros(0, bool), empty, empty, False, 0)
-    flags = np.concatenate([r.flags for r in runs])
-    cts = [np.zeros(len(r.sizes), np.int64) if r.cts is None else r.cts for r in runs]
+    sample_flags = np.array(flags, np.int64)
     return FragmentSamples(
-        offsets=np.concatenate([r.offsets for r in runs]),
-        sizes=np.concatenate([r.sizes for r in runs]),
-        keyframes=(flags & (_NON_SYNC | _DEPENDS_YES)) == 0,
-        dts=np.concatenate(dts_parts),
-        cts=np.concatenate(cts),
-        has_cts=any(r.cts is not None for r in runs),
-        ticks=int(sum(int(r.durations.sum()) for r in runs)),
+        offsets=np.array(offsets, np.int64),
+        sizes=np.array(sizes, np.int64),
+        keyframes=(sample_flags & (_NON_SYNC | _DEPENDS_YES)) == 0,
+        dts=np.array(dts, np.int64),
+        cts=np.array(cts, np.int64),
+        has_cts=has_cts,
+        ticks=ticks,
     )
