@@ -128,3 +128,27 @@ def test_write_cli_takes_fragmented_vp9_and_mpeg4_sources(
             for t, f in enumerate(frames):
                 luma = clip[t, : SIZE * SIZE].reshape(SIZE, SIZE)
                 assert psnr(luma, shown[f][0][:, 16:80]) > 40, (info.member, f)
+
+
+def test_more_configurations_than_kept_decoders(tmp_path) -> None:
+    """Six MPEG-4 videos, six VOL headers, one thread keeping four decoders: clips alternate
+    between them (decoders dropped and made again) and still equal PyAV's decode."""
+    shown = {}
+    for k, width in enumerate(range(64, 160, 16)):
+        spec = VideoSpec(
+            codec="mpeg4", width=width, height=64, frames=8, seed=k, options={"g": "4"}
+        )
+        data = make_video(spec)
+        (tmp_path / f"w{width}.mp4").write_bytes(data)
+        shown[f"w{width}.mp4"] = decode_planes(data)
+    frames = [6, 1, 3]
+    with Reader(str(tmp_path), size=SIZE, crop="center", mode="yuv_resized", threads=1) as r:
+        assert len({r.info(v).width for v in range(len(r))}) == 6
+        items = [(v, frames) for _ in range(2) for v in range(len(r))]
+        batch = r.read(items)
+        for (vid, wanted), clip in zip(items, batch.video):
+            info = r.info(vid)
+            x = (info.width - SIZE) // 2
+            for t, f in enumerate(wanted):
+                luma = clip[t, : SIZE * SIZE].reshape(SIZE, SIZE)
+                assert np.array_equal(luma, shown[info.member][f][0][:, x : x + SIZE])
