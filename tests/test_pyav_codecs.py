@@ -152,3 +152,26 @@ def test_more_configurations_than_kept_decoders(tmp_path) -> None:
             for t, f in enumerate(wanted):
                 luma = clip[t, : SIZE * SIZE].reshape(SIZE, SIZE)
                 assert np.array_equal(luma, shown[info.member][f][0][:, x : x + SIZE])
+
+
+def test_packets_end_in_zero_padding(media: dict[str, bytes], tmp_path) -> None:
+    """FFmpeg decoders may read 64 bytes past a packet (AV_INPUT_BUFFER_PADDING_SIZE), which must
+    be zeros. PyAV wraps a buffer without copying, so a packet cut from the GOP read had the next
+    sample there, or stray heap bytes after the last one (MPEG-4 then concealed the bottom of
+    that frame, now and then): each packet now owns a padded copy."""
+    import ctypes
+
+    from kohakuclip.decode.video import ClipDecoder
+    from kohakuclip.read.plan import plan_clip
+    from kohakuclip.storage.catalog import Catalog
+
+    (tmp_path / "m.mp4").write_bytes(media["mpeg4"])
+    catalog = Catalog([str(tmp_path)])
+    track = catalog.track(0)
+    plan = plan_clip(track, [3, 7, 12])
+    with open(track.path, "rb") as f:
+        packets = [p for p in ClipDecoder()._packets(track, plan, f.fileno()) if p is not None]
+    catalog.close()
+    assert len(packets) == plan.packets == 13
+    for packet in packets:
+        assert ctypes.string_at(packet.buffer_ptr + packet.size, 64) == bytes(64)

@@ -181,7 +181,8 @@ class ClipDecoder:
                 elif first and prefix and not _has_sequence_header(data):
                     data = prefix + bytes(data)
                 first = False
-                packet = av.Packet(data)  # type: ignore[arg-type]
+                packet = av.Packet(len(data))  # zero padding after the data, which decoders read
+                packet.update(data)  # type: ignore[arg-type]  # any buffer
                 packet.pts = display
                 yield packet
         yield None
