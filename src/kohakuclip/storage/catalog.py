@@ -79,6 +79,9 @@ class VideoTrack:
     # per sample (and one past the last), the row of its first AV1_FRAME_RECORD
     av1_rows: np.ndarray | None = None
     n: int = 0  # frames shown
+    # the mp4 sample entry's decoder configuration (av1C / avcC / hvcC / vpcC payload, mpeg4's
+    # VOL headers): the extradata of codecs the PyAV fallback decodes without a prefix
+    config: bytes = b""
 
     def __post_init__(self) -> None:
         self.key_positions = np.flatnonzero(self.keyframe)
@@ -371,7 +374,7 @@ class Catalog:
             colorspace=mp4.matrix or ("bt709" if min(mp4.width, mp4.height) >= 720 else "bt601"),
             full_range=bool(mp4.full_range),
             prefix=bytes(mp4.prefix),
-            nal_length_size=0 if mp4.codec == "av1" else int(mp4.nal_length_size),
+            nal_length_size=int(mp4.nal_length_size),
             path=path,
             offsets=np.asarray(mp4.offsets, dtype=np.uint64),
             sizes=sizes,
@@ -379,6 +382,7 @@ class Catalog:
             keyframe=np.asarray(mp4.keyframes, dtype=bool),
             display=np.asarray(mp4.display, dtype=np.int64),
             av1_frames=None if deps is None else deps.frames,
+            config=bytes(mp4.config),
         )
 
     def _analyze_av1(self, fd: int, mp4: Any, where: str) -> Av1Deps | None:
