@@ -32,6 +32,14 @@ _CONFIGURED = 4
 """Decoders kept per thread for the other codecs (one per configuration, least recent dropped)."""
 
 
+def padded_packet(data: bytes | memoryview) -> av.Packet:
+    """A packet owning a copy of ``data`` followed by the zero padding decoders read past the
+    end (``av.Packet(buffer)`` would point into the buffer itself, padding-less)."""
+    packet = av.Packet(len(data))
+    packet.update(data)  # type: ignore[arg-type]  # any buffer
+    return packet
+
+
 class ClipDecodeError(RuntimeError):
     """Decoding failed; the message names the file, member and frames."""
 
@@ -181,8 +189,7 @@ class ClipDecoder:
                 elif first and prefix and not _has_sequence_header(data):
                     data = prefix + bytes(data)
                 first = False
-                packet = av.Packet(len(data))  # zero padding after the data, which decoders read
-                packet.update(data)  # type: ignore[arg-type]  # any buffer
+                packet = padded_packet(data)
                 packet.pts = display
                 yield packet
         yield None
