@@ -9,6 +9,7 @@ from kohakuclip.read.pool import Pending
 from kohakuclip.read.reader import Batch, ClipError, Reader, VideoInfo
 from kohakuclip.read.sample import clip, random_frames
 from kohakuclip.write.images import encode_image, pack_images
+from kohakuclip.write.merge import MergeError, merge
 from kohakuclip.write.pack import pack
 from kohakuclip.write.video import encode
 
@@ -21,12 +22,14 @@ __all__ = [
     "ImageInfo",
     "ImageReadError",
     "ImageReader",
+    "MergeError",
     "Pending",
     "Reader",
     "VideoInfo",
     "clip",
     "encode",
     "encode_image",
+    "merge",
     "pack",
     "pack_images",
     "permute",

@@ -1,4 +1,4 @@
-"""``kohakuclip``: the package's command line (``kohakuclip demo``)."""
+"""``kohakuclip``: the package's command line (``kohakuclip demo``, ``kohakuclip merge OUT``)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,23 @@ def demo(args: argparse.Namespace) -> int:
         return _demo_in(args, root)
 
 
+def merge_command(args: argparse.Namespace) -> int:
+    """Write the dataset view over every part in a folder."""
+    from kohakuclip.write.merge import MergeError, merge
+
+    try:
+        result = merge(args.out)
+    except (MergeError, OSError) as e:
+        print(f"kohakuclip merge: error: {e}", file=sys.stderr)
+        return 2
+    unit = "videos" if result.kind == "video" else "images"
+    print(
+        f"{result.count} {unit} in {result.shards} shards ({result.bytes / 1e6:.1f} MB) from "
+        f"{result.parts} part(s): {result.view}"
+    )
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kohakuclip", description="kohakuclip tools")
     commands = p.add_subparsers(dest="command", required=True)
@@ -100,6 +117,13 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--batches", type=int, default=20, help="batches to read (default: 20)")
     d.add_argument("--size", type=int, default=256, help="output size (default: 256)")
     d.set_defaults(run=demo)
+    m = commands.add_parser(
+        "merge",
+        help="write the dataset view (dataset.json, manifest.parquet, skipped.jsonl) over every "
+        "part written into a folder",
+    )
+    m.add_argument("out", help="the folder the parts wrote into")
+    m.set_defaults(run=merge_command)
     return p
 
 

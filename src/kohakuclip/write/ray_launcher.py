@@ -1,0 +1,134 @@
+"""Run a write job's parts as Ray tasks (``write(..., ray=True)``, ``kohakuclip-write --ray``).
+
+The driver connects to the cluster ``RAY_ADDRESS`` names, or starts a local Ray when none is
+set, and submits one task per part (``part=I/N`` of the same job into the same folder, which
+every node must see: a shared file system). A task whose worker dies, or that fails with an
+OSError, is retried (with ``resume``: a retry keeps the part's finished shards; a settings
+mismatch is not retried); the tasks report each video to a small actor, and the driver shows
+one progress bar over the cluster. When every part is done the
+folder is merged (``write.merge``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tqdm import tqdm
+
+from kohakuclip.write.merge import merge
+from kohakuclip.write.parts import Part
+from kohakuclip.write.sources import Source, expand_sources
+
+if TYPE_CHECKING:
+    from kohakuclip.write.shards import WriteResult, _Job
+
+TASK_RETRIES = 3
+"""How many times a failed part is run again (each retry resumes it)."""
+
+_POLL_SECONDS = 0.5
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ImportError(
+            "ray=True needs Ray: pip install 'kohakuclip[ray]' (or 'ray[default]')"
+        ) from None
+    return ray
+
+
+def _connect(ray: Any) -> bool:
+    """Join ``RAY_ADDRESS``'s cluster or start a local one; True when this call started it."""
+    if ray.is_initialized():
+        return False
+    address = os.environ.get("RAY_ADDRESS") or None
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    return True
+
+
+class _Counter:
+    """Videos done across the cluster (a Ray actor)."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+    def add(self, n: int = 1) -> None:
+        self.done += n
+
+    def value(self) -> int:
+        return self.done
+
+
+def _run_part(
+    job: _Job,
+    out: str,
+    sources: Sequence[str | Source | tuple[str, bytes]],
+    part: Part,
+    counter: Any,
+) -> WriteResult:
+    """One Ray task: write ``part`` (resuming whatever an earlier attempt finished)."""
+    return job.run(
+        out, sources, part, resume=True, progress=False, on_video=lambda: counter.add.remote(1)
+    )
+
+
+def write_on_ray(
+    out: str,
+    sources: list[Any],
+    job: _Job,
+    resume: bool,
+    progress: bool,
+    parts: int | None,
+) -> WriteResult:
+    """Write the job as ``parts`` Ray tasks into ``out``, then merge it; see the module doc."""
+    from kohakuclip.write.shards import SETTINGS_FILE, WriteError, WriteResult
+
+    ray = _ray()
+    sources = [os.fspath(s) if isinstance(s, os.PathLike) else s for s in sources]
+    if not resume and os.path.exists(os.path.join(out, SETTINGS_FILE)):
+        raise WriteError(
+            f"{out}: holds an earlier run; pass resume=True (--resume) to continue it, "
+            "or choose another folder"
+        )
+    total = len(expand_sources(sources, job.gulp_fps).sources)
+    started = _connect(ray)
+    try:
+        per_task = max(1, job.workers or 1)
+        if parts is None:
+            cpus = int(ray.cluster_resources().get("CPU", 1))
+            parts = max(1, min(total, cpus // per_task) or 1)
+        if parts < 1:
+            raise ValueError(f"ray_parts must be at least 1, got {parts}")
+        job = dataclasses.replace(job, workers=per_task)
+        counter = ray.remote(num_cpus=0)(_Counter).remote()
+        task = ray.remote(num_cpus=per_task, max_retries=TASK_RETRIES, retry_exceptions=[OSError])(
+            _run_part
+        )
+        pending = [task.remote(job, out, sources, Part(i, parts), counter) for i in range(parts)]
+        results: list[WriteResult] = []
+        bar = tqdm(total=total, unit="video", disable=not progress, dynamic_ncols=True)
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1, timeout=_POLL_SECONDS)
+                results.extend(ray.get(ready))
+                bar.n = min(total, ray.get(counter.value.remote()))
+                bar.refresh()
+        finally:
+            bar.close()
+    finally:
+        if started:
+            ray.shutdown()
+    merge(out)
+    combined = WriteResult(out)
+    for r in sorted(results, key=lambda r: r.shards):
+        combined.shards.extend(r.shards)
+        combined.videos += r.videos
+        combined.skipped += r.skipped
+        combined.seconds += r.seconds
+        combined.resumed_videos += r.resumed_videos
+    combined.shards.sort()
+    return combined
