@@ -252,3 +252,19 @@ def test_ray_stores_the_same_videos_as_the_parts(local_ray, sources, single, par
         write(tmp_path, [sources], ray=True, ray_parts=2, **FAST)
     again = write(tmp_path, [sources], ray=True, ray_parts=2, resume=True, **FAST)
     assert again.videos == 0 and again.resumed_videos == 5
+
+
+def test_clip_dataset_over_the_view_gives_the_listed_shards_batches(parts) -> None:
+    torch_module = pytest.importorskip("kohakuclip.torch")
+    shards = sorted(str(p) for p in parts.glob("part-*.shard_*.zip"))
+
+    def batches(sources: object) -> list:
+        ds = torch_module.ClipDataset(sources, 2, 4, fps=12.0, threads=1, size=32, with_meta=True)
+        try:
+            return [ds.read_batch(i) for i in range(2)]
+        finally:
+            ds.close()
+
+    for (a, meta_a), (b, meta_b) in zip(batches(str(parts)), batches(shards), strict=True):
+        assert np.array_equal(a.numpy(), b.numpy())
+        assert meta_a["member"] == meta_b["member"] and meta_a["source"] == meta_b["source"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ TASK_RETRIES = 3
 """How many times a failed part is run again (each retry resumes it)."""
 
 _POLL_SECONDS = 0.5
+_COUNTER_NAME = "kohakuclip-write-progress"
 
 
 def _ray() -> Any:
@@ -51,16 +53,19 @@ def _connect(ray: Any) -> bool:
 
 
 class _Counter:
-    """Videos done across the cluster (a Ray actor)."""
+    """Videos done per job across the cluster (one Ray actor per driver, reused by its jobs)."""
 
     def __init__(self) -> None:
-        self.done = 0
+        self.done: dict[str, int] = {}
 
-    def add(self, n: int = 1) -> None:
-        self.done += n
+    def add(self, job: str, n: int = 1) -> None:
+        self.done[job] = self.done.get(job, 0) + n
 
-    def value(self) -> int:
-        return self.done
+    def value(self, job: str) -> int:
+        return self.done.get(job, 0)
+
+    def forget(self, job: str) -> None:
+        self.done.pop(job, None)
 
 
 def _run_part(
@@ -69,11 +74,23 @@ def _run_part(
     sources: Sequence[str | Source | tuple[str, bytes]],
     part: Part,
     counter: Any,
+    key: str,
 ) -> WriteResult:
     """One Ray task: write ``part`` (resuming whatever an earlier attempt finished)."""
     return job.run(
-        out, sources, part, resume=True, progress=False, on_video=lambda: counter.add.remote(1)
+        out, sources, part, resume=True, progress=False, on_video=lambda: counter.add.remote(key)
     )
+
+
+_remote_parts: dict[int, Any] = {}
+
+
+def _part_task(ray: Any, cpus: int) -> Any:
+    """The remote form of ``_run_part`` for tasks of ``cpus`` CPUs (made once per process)."""
+    if cpus not in _remote_parts:
+        options = {"num_cpus": cpus, "max_retries": TASK_RETRIES, "retry_exceptions": [OSError]}
+        _remote_parts[cpus] = ray.remote(**options)(_run_part)
+    return _remote_parts[cpus]
 
 
 def write_on_ray(
@@ -104,21 +121,28 @@ def write_on_ray(
         if parts < 1:
             raise ValueError(f"ray_parts must be at least 1, got {parts}")
         job = dataclasses.replace(job, workers=per_task)
-        counter = ray.remote(num_cpus=0)(_Counter).remote()
-        task = ray.remote(num_cpus=per_task, max_retries=TASK_RETRIES, retry_exceptions=[OSError])(
-            _run_part
+        counter = (
+            ray.remote(num_cpus=0)(_Counter)
+            .options(name=_COUNTER_NAME, get_if_exists=True)
+            .remote()
         )
-        pending = [task.remote(job, out, sources, Part(i, parts), counter) for i in range(parts)]
+        key = uuid.uuid4().hex
+        task = _part_task(ray, per_task)
+        pending = [
+            task.remote(job, out, sources, Part(i, parts), counter, key) for i in range(parts)
+        ]
         results: list[WriteResult] = []
         bar = tqdm(total=total, unit="video", disable=not progress, dynamic_ncols=True)
         try:
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1, timeout=_POLL_SECONDS)
                 results.extend(ray.get(ready))
-                bar.n = min(total, ray.get(counter.value.remote()))
-                bar.refresh()
+                if progress:
+                    bar.n = min(total, ray.get(counter.value.remote(key)))
+                    bar.refresh()
         finally:
             bar.close()
+            counter.forget.remote(key)
     finally:
         if started:
             ray.shutdown()
