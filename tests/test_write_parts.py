@@ -234,7 +234,7 @@ def test_part_killed_mid_shard_leaves_no_finished_shard_and_resumes(tmp_path) ->
 def local_ray():
     """A real local Ray cluster with 2 CPUs for this module's Ray test, shut down after it."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield ray
     finally:
@@ -242,9 +242,12 @@ def local_ray():
 
 
 @pytest.mark.timeout(300)
-def test_ray_stores_the_same_videos_as_the_parts(local_ray, sources, single, parts, tmp_path):
-    result = write(tmp_path, [sources], ray=True, ray_parts=2, **FAST)
+def test_ray_stores_the_same_videos_as_the_parts(
+    local_ray, sources, single, parts, tmp_path, capsys
+) -> None:
+    result = write(tmp_path, [sources], ray=True, ray_parts=2, **{**FAST, "progress": True})
     assert (result.videos, result.skipped) == (5, 1)
+    assert "6/6" in capsys.readouterr().err  # one bar over both tasks: 5 videos and the broken file
     assert _stored(tmp_path) == _stored(parts) == _stored(single)
     assert _shards(tmp_path) == _shards(parts)
     assert json.loads((tmp_path / "dataset.json").read_text())["count"] == 5

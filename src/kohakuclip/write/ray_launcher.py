@@ -140,6 +140,8 @@ def write_on_ray(
                 if progress:
                     bar.n = min(total, ray.get(counter.value.remote(key)))
                     bar.refresh()
+            bar.n = total  # every part finished (the last counts may still be in flight)
+            bar.refresh()
         finally:
             bar.close()
             counter.forget.remote(key)
