@@ -34,7 +34,8 @@ TIMEOUT = 120  # seconds any subprocess may take on a loaded machine
 
 def _env() -> dict[str, str]:
     src = os.path.dirname(os.path.dirname(kohakuclip.__file__))
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    paths = [src, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def _part_command(out: Path, source: Path, part: str, *extra: str) -> list[str]:
@@ -253,7 +254,7 @@ def test_ray_stores_the_same_videos_as_the_parts(
     assert json.loads((tmp_path / "dataset.json").read_text())["count"] == 5
     with pytest.raises(WriteError, match="earlier run"):
         write(tmp_path, [sources], ray=True, ray_parts=2, **FAST)
-    again = write(tmp_path, [sources], ray=True, ray_parts=2, resume=True, **FAST)
+    again = write(tmp_path, [sources], ray=True, resume=True, **FAST)  # the split it had
     assert again.videos == 0 and again.resumed_videos == 5
 
 

@@ -12,6 +12,7 @@ folder is merged (``write.merge``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import uuid
 from collections.abc import Sequence
@@ -106,20 +107,25 @@ def write_on_ray(
 
     ray = _ray()
     sources = [os.fspath(s) if isinstance(s, os.PathLike) else s for s in sources]
-    if not resume and os.path.exists(os.path.join(out, SETTINGS_FILE)):
-        raise WriteError(
-            f"{out}: holds an earlier run; pass resume=True (--resume) to continue it, "
-            "or choose another folder"
-        )
+    settings = os.path.join(out, SETTINGS_FILE)
+    if os.path.exists(settings):
+        if not resume:
+            raise WriteError(
+                f"{out}: holds an earlier run; pass resume=True (--resume) to continue it, "
+                "or choose another folder"
+            )
+        if parts is None:  # resume with the split the earlier run used, whatever the cluster
+            with open(settings, "rb") as f:
+                parts = json.load(f).get("parts")
+    if parts is not None and parts < 1:
+        raise ValueError(f"ray_parts must be at least 1, got {parts}")
     total = len(expand_sources(sources, job.gulp_fps).sources)
     started = _connect(ray)
     try:
         per_task = max(1, job.workers or 1)
         if parts is None:
             cpus = int(ray.cluster_resources().get("CPU", 1))
-            parts = max(1, min(total, cpus // per_task) or 1)
-        if parts < 1:
-            raise ValueError(f"ray_parts must be at least 1, got {parts}")
+            parts = max(1, min(total, cpus // per_task))
         job = dataclasses.replace(job, workers=per_task)
         counter = (
             ray.remote(num_cpus=0)(_Counter)
