@@ -26,6 +26,7 @@ from kohakuclip.write import cli
 from kohakuclip.write.merge import MergeError, merge
 from kohakuclip.write.parts import Part
 from kohakuclip.write.shards import WriteError, write
+from kohakuclip.write.sources import Source
 
 FAST = {"codec": "av1", "preset": 12, "per_shard": 2, "workers": 1, "progress": False}
 FAST_ARGS = ["--codec", "av1", "--preset", "12", "--per-shard", "2", "--workers", "1", "--quiet"]
@@ -272,3 +273,27 @@ def test_clip_dataset_over_the_view_gives_the_listed_shards_batches(parts) -> No
     for (a, meta_a), (b, meta_b) in zip(batches(str(parts)), batches(shards), strict=True):
         assert np.array_equal(a.numpy(), b.numpy())
         assert meta_a["member"] == meta_b["member"] and meta_a["source"] == meta_b["source"]
+
+
+@pytest.mark.timeout(300)
+def test_ray_retries_a_part_whose_worker_died(local_ray, sources, single, tmp_path) -> None:
+    marker = tmp_path / "crashed-once"
+
+    class CrashOnce(Source):
+        """Kills the Ray worker encoding it the first time it is read (pickled by value)."""
+
+        def load(self) -> str | bytes:
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                os._exit(1)
+            return super().load()
+
+    videos = sorted(sources.glob("v*.mp4"))
+    items: list = [str(p) for p in videos[:4]]
+    last = videos[4]
+    items.append(CrashOnce(last.name, str(last), last.stat().st_size, {}, path=str(last)))
+    out = tmp_path / "out"
+    result = write(out, items, ray=True, ray_parts=2, **FAST)
+    assert marker.exists() and result.videos == 5
+    expected = {k: v for k, v in _stored(single).items() if "broken" not in k}
+    assert _stored(out) == expected
