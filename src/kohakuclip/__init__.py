@@ -12,6 +12,7 @@ from kohakuclip.read.sample import clip, random_frames
 from kohakuclip.sheet import contact_sheet
 from kohakuclip.summary import VideoSummary, describe
 from kohakuclip.write.images import encode_image, pack_images
+from kohakuclip.write.merge import MergeError, merge
 from kohakuclip.write.pack import pack
 from kohakuclip.write.video import encode
 
@@ -24,6 +25,7 @@ __all__ = [
     "ImageInfo",
     "ImageReadError",
     "ImageReader",
+    "MergeError",
     "Pending",
     "Problem",
     "Reader",
@@ -35,6 +37,7 @@ __all__ = [
     "describe",
     "encode",
     "encode_image",
+    "merge",
     "pack",
     "pack_images",
     "permute",
