@@ -14,7 +14,7 @@ from kohakuclip.decode.image import ImageDecoder, ImageMode, output_shape, sniff
 from kohakuclip.read.image_catalog import ImageCatalog, ImageLocation
 from kohakuclip.read.image_crop import image_crop
 from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
-from kohakuclip.read.seeding import generator
+from kohakuclip.read.seeding import generator, per_item_keys
 from kohakuclip.storage.files import FileCache
 
 ImageCrop = Literal["random", "center", "resized"]
@@ -189,16 +189,30 @@ class ImageReader:
         return self._pool, self._files
 
     def submit(
-        self, ids: Sequence[int], out: np.ndarray | None = None, seed: int | None = None
+        self,
+        ids: Sequence[int],
+        out: np.ndarray | None = None,
+        seed: int | None = None,
+        item_keys: Sequence[int] | None = None,
     ) -> Pending[ImageBatch]:
-        """Queue a batch for decoding; returns at once. ``out`` (optional) receives the pixels."""
+        """Queue a batch for decoding; returns at once.
+
+        Args:
+            ids: image ids.
+            out: receives the pixels (optional; shape ``batch_shape``, uint8, C-contiguous).
+            seed: image ``i`` takes its crop and flips from ``(seed, i)`` (drawn when None).
+            item_keys: one int in ``[0, 2**64)`` per image: image ``i`` takes its crop and flips
+                from ``item_keys[i]`` alone, whatever its position (``seed`` is then unused).
+        """
         clean = [self._check_id(i) for i in ids]
         if not clean:
             raise ValueError("a batch needs at least one image")
         shape = self.batch_shape(len(clean))
         out = batch_buffer(out, shape)
-        if seed is None:
-            seed = int(self._rng.integers(0, 2**63 - 1))
+        keys = per_item_keys(item_keys, len(clean))
+        if keys is None:
+            seed = int(self._rng.integers(0, 2**63 - 1)) if seed is None else seed
+            keys = [(seed, i) for i in range(len(clean))]
         batch = ImageBatch(
             image=out,
             ids=clean,
@@ -210,20 +224,24 @@ class ImageReader:
         )
         pool, files = self._ensure_process()
         pending: Pending[ImageBatch] = Pending(len(clean), batch)
-        pool.submit([self._task(batch, i, seed, files) for i in range(len(clean))], pending)
+        pool.submit([self._task(batch, i, keys[i], files) for i in range(len(clean))], pending)
         return pending
 
     def read(
-        self, ids: Sequence[int], out: np.ndarray | None = None, seed: int | None = None
+        self,
+        ids: Sequence[int],
+        out: np.ndarray | None = None,
+        seed: int | None = None,
+        item_keys: Sequence[int] | None = None,
     ) -> ImageBatch:
-        """Decode a batch and wait for it."""
-        return self.submit(ids, out, seed).result()
+        """Decode a batch and wait for it (arguments as for ``submit``)."""
+        return self.submit(ids, out, seed, item_keys).result()
 
-    def _task(self, batch: ImageBatch, i: int, seed: int, files: FileCache) -> Any:
+    def _task(self, batch: ImageBatch, i: int, key: tuple[int, ...], files: FileCache) -> Any:
         def run(decoder: ImageDecoder) -> None:
             loc = self._catalog.locate(batch.ids[i])
             try:
-                self._read_one(decoder, loc, batch, i, seed, files)
+                self._read_one(decoder, loc, batch, i, key, files)
             except Exception as e:
                 raise ImageReadError(f"{self._where(batch.ids[i], loc)}: {e}") from e
 
@@ -241,7 +259,7 @@ class ImageReader:
         loc: ImageLocation,
         batch: ImageBatch,
         i: int,
-        seed: int,
+        key: tuple[int, ...],
         files: FileCache,
     ) -> None:
         data = ImageCatalog.read(loc, files)
@@ -249,7 +267,7 @@ class ImageReader:
         if not codec or not width:
             codec = codec or sniff_codec(data)
             width, height = decoder.probe(data, codec)
-        rng = generator(seed, i)
+        rng = generator(*key)
         crop = image_crop(self.crop, width, height, rng, self.scale, self.ratio)
         hflip = bool(rng.random() < self.hflip)
         vflip = bool(rng.random() < self.vflip)

@@ -17,7 +17,7 @@ from kohakuclip.decode.video import ClipDecoder, Planes
 from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
 from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
 from kohakuclip.read.sample import clip
-from kohakuclip.read.seeding import generator
+from kohakuclip.read.seeding import generator, per_item_keys
 from kohakuclip.storage.catalog import Catalog, VideoTrack
 from kohakuclip.storage.files import FileCache
 
@@ -219,8 +219,17 @@ class Reader:
         items: Sequence[Item],
         out: np.ndarray | None = None,
         seed: int | None = None,
+        item_keys: Sequence[int] | None = None,
     ) -> Pending[Batch]:
-        """Queue a batch for decoding; returns at once. ``out`` (optional) receives the pixels."""
+        """Queue a batch for decoding; returns at once.
+
+        Args:
+            items: ``(video id, [display-order frame indices])`` per clip, the same count each.
+            out: receives the pixels (optional; shape ``batch_shape``, uint8, C-contiguous).
+            seed: clip ``i`` takes its crop and flips from ``(seed, i)`` (drawn when None).
+            item_keys: one int in ``[0, 2**64)`` per clip: clip ``i`` takes its crop and flips
+                from ``item_keys[i]`` alone, whatever its position (``seed`` is then unused).
+        """
         clean: list[tuple[int, list[int]]] = []
         for item in items:
             try:
@@ -241,8 +250,10 @@ class Reader:
             raise ValueError("every clip of a batch must have the same number of frames")
         shape = self.batch_shape(len(clean), t)
         out = batch_buffer(out, shape)
-        if seed is None:
-            seed = int(self._rng.integers(0, 2**63 - 1))
+        keys = per_item_keys(item_keys, len(clean))
+        if keys is None:
+            seed = int(self._rng.integers(0, 2**63 - 1)) if seed is None else seed
+            keys = [(seed, i) for i in range(len(clean))]
         batch = Batch(
             video=out,
             items=clean,
@@ -254,23 +265,27 @@ class Reader:
         )
         pool, files = self._ensure_process()
         pending: Pending[Batch] = Pending(len(clean), batch)
-        tasks = [self._clip_task(batch, i, seed, files) for i in range(len(clean))]
+        tasks = [self._clip_task(batch, i, keys[i], files) for i in range(len(clean))]
         pool.submit(tasks, pending)
         return pending
 
     def read(
-        self, items: Sequence[Item], out: np.ndarray | None = None, seed: int | None = None
+        self,
+        items: Sequence[Item],
+        out: np.ndarray | None = None,
+        seed: int | None = None,
+        item_keys: Sequence[int] | None = None,
     ) -> Batch:
-        """Decode a batch and wait for it."""
-        return self.submit(items, out, seed).result()
+        """Decode a batch and wait for it (arguments as for ``submit``)."""
+        return self.submit(items, out, seed, item_keys).result()
 
-    def _clip_task(self, batch: Batch, i: int, seed: int, files: FileCache) -> Any:
+    def _clip_task(self, batch: Batch, i: int, key: tuple[int, ...], files: FileCache) -> Any:
         catalog = self._catalog
 
         def run(worker: _Worker) -> None:
             vid, frames = batch.items[i]
             try:
-                self._read_clip(worker, batch, i, seed, files)
+                self._read_clip(worker, batch, i, key, files)
             except Exception as e:
                 worker.decoder.reset(catalog.track_codec(vid))
                 raise ClipError(f"{catalog.where(vid)}: frames {frames}: {e}") from e
@@ -278,11 +293,11 @@ class Reader:
         return run
 
     def _read_clip(
-        self, worker: _Worker, batch: Batch, i: int, seed: int, files: FileCache
+        self, worker: _Worker, batch: Batch, i: int, key: tuple[int, ...], files: FileCache
     ) -> None:
         vid, frames = batch.items[i]
         track = self._catalog.track(vid)
-        rng = generator(seed, i)
+        rng = generator(*key)
         crop: Crop = square_crop(track.width, track.height, rng if self.crop == "random" else None)
         hflip = bool(rng.random() < self.hflip)
         vflip = bool(rng.random() < self.vflip)
