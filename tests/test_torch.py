@@ -646,13 +646,18 @@ def test_torch_loop_example_resumes_exactly(videos: Path, tmp_path: Path) -> Non
     assert len(set(straight)) == 6
 
 
-def read_trace(path: Path) -> dict[tuple[int, int], tuple[int, int, float]]:
-    """(rank, step) -> (epoch, batch checksum, loss) from the Lightning example's --trace file."""
-    out = {}
+def read_trace(path: Path) -> tuple[dict[tuple[int, int], tuple[int, int, float]], dict]:
+    """From the Lightning example's --trace file: (rank, step) -> (epoch, batch checksum, loss),
+    and global sample index -> clip checksum."""
+    steps, samples = {}, {}
     for line in path.read_text().splitlines():
-        rank, step, epoch, checksum, loss = line.split()
-        out[int(rank), int(step)] = (int(epoch), int(checksum), float(loss))
-    return out
+        rank, step, epoch, checksum, loss, *clips = line.split()
+        steps[int(rank), int(step)] = (int(epoch), int(checksum), float(loss))
+        for clip in clips:
+            g, crc = clip.split(":")
+            assert int(g) not in samples, g  # no sample twice
+            samples[int(g)] = int(crc)
+    return steps, samples
 
 
 def run_lightning(videos: Path, tmp_path: Path, trace: str, *extra: str) -> None:
@@ -673,24 +678,43 @@ def assert_resumed_matches(resumed: dict, straight: dict) -> None:
         assert loss == pytest.approx(straight[key][2], rel=1e-5)
 
 
+def loader_state(ckpt: Path) -> dict:
+    state = torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]
+    (loader,) = state["combined_loader"]
+    return loader
+
+
 @pytest.mark.slow
 def test_lightning_ddp_resume_matches_a_straight_run(videos: Path, tmp_path: Path) -> None:
+    """Two DDP ranks of batch 2, resumed at step 2 on two ranks and at step 4 on one device of
+    batch 4: the same samples, and (gradients being averaged over the ranks) the same losses."""
     pytest.importorskip("lightning", reason="Lightning is not installed")
     ddp = ("--devices", "2", "--steps", "6")
     run_lightning(videos, tmp_path, "straight.txt", *ddp)
-    straight = read_trace(tmp_path / "straight.txt")
+    straight, samples = read_trace(tmp_path / "straight.txt")
     assert sorted(straight) == [(r, s) for r in range(2) for s in range(6)]
+    assert sorted(samples) == list(range(24))  # step s of rank r: samples (2 s + r) 2 + j
     for step in range(6):  # two DDP ranks, two different batches at every step
         assert straight[0, step][1] != straight[1, step][1]
-    for at, workers in ((2, "1"), (4, "0")):
-        ckpt = tmp_path / "ckpt" / f"step{at}.ckpt"
-        state = torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]
-        assert state["combined_loader"] == [{"seed": 0, "batch": at}]
-        trace = f"resumed{at}.txt"
-        run_lightning(videos, tmp_path, trace, *ddp, "--resume", str(ckpt), "--workers", workers)
-        resumed = read_trace(tmp_path / trace)
-        assert sorted(resumed) == [(r, s) for r in range(2) for s in range(at, 6)]
-        assert_resumed_matches(resumed, straight)
+    ckpt = tmp_path / "ckpt" / "step2.ckpt"
+    state = loader_state(ckpt)
+    assert (state["seed"], state["samples"], state["batch"]) == (0, 8, 2)
+    run_lightning(videos, tmp_path, "resumed2.txt", *ddp, "--resume", str(ckpt), "--workers", "1")
+    resumed, clips = read_trace(tmp_path / "resumed2.txt")
+    assert sorted(resumed) == [(r, s) for r in range(2) for s in range(2, 6)]
+    assert_resumed_matches(resumed, straight)
+    assert clips == {g: samples[g] for g in range(8, 24)}
+    # another device count and batch: one device of batch 4 from the DDP run's step 4
+    ckpt = tmp_path / "ckpt" / "step4.ckpt"
+    assert loader_state(ckpt)["samples"] == 16
+    one = ("--devices", "1", "--steps", "6", "--batch-size", "4")
+    run_lightning(videos, tmp_path, "resumed4.txt", *one, "--resume", str(ckpt))
+    resumed, clips = read_trace(tmp_path / "resumed4.txt")
+    assert sorted(resumed) == [(0, 4), (0, 5)]
+    assert clips == {g: samples[g] for g in range(16, 24)}
+    for step in (4, 5):
+        mean = (straight[0, step][2] + straight[1, step][2]) / 2
+        assert resumed[0, step][2] == pytest.approx(mean, rel=1e-4)
 
 
 @pytest.mark.slow
@@ -698,18 +722,20 @@ def test_lightning_epochs_resume_mid_epoch_and_at_a_boundary(videos: Path, tmp_p
     pytest.importorskip("lightning", reason="Lightning is not installed")
     epochs = ("--devices", "1", "--epoch-batches", "3", "--epochs", "3")
     run_lightning(videos, tmp_path, "straight.txt", *epochs)
-    straight = read_trace(tmp_path / "straight.txt")
+    straight, samples = read_trace(tmp_path / "straight.txt")
     assert sorted(straight) == [(0, s) for s in range(9)]
     assert [straight[0, s][0] for s in range(9)] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert len({checksum for _, checksum, _ in straight.values()}) == 9  # no batch repeats
+    assert sorted(samples) == list(range(18))
     for at in (4, 6):  # inside epoch 1, and the end of epoch 1
         ckpt = tmp_path / "ckpt" / f"step{at}.ckpt"
-        state = torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]
-        assert state["combined_loader"] == [{"seed": 0, "batch": at}]
+        state = loader_state(ckpt)
+        assert (state["seed"], state["samples"], state["batch"]) == (0, 2 * at, at)
         run_lightning(videos, tmp_path, f"resumed{at}.txt", *epochs, "--resume", str(ckpt))
-        resumed = read_trace(tmp_path / f"resumed{at}.txt")
+        resumed, clips = read_trace(tmp_path / f"resumed{at}.txt")
         assert sorted(resumed) == [(0, s) for s in range(at, 9)]
         assert_resumed_matches(resumed, straight)
+        assert clips == {g: samples[g] for g in range(2 * at, 18)}
 
 
 def test_forkserver_workers_give_the_same_batches(videos: Path) -> None:
