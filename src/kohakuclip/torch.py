@@ -29,7 +29,14 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from kohakuclip._yuv_torch import yuv_to_rgb
 from kohakuclip.read.seeding import derive_seed
-from kohakuclip.read.stream import Draw, SampleStream, mixture, sample_key, sample_rng
+from kohakuclip.read.stream import (
+    Draw,
+    SampleStream,
+    mixture,
+    sample_key,
+    sample_keys,
+    sample_rng,
+)
 
 __all__ = [
     "STATE_VERSION",
@@ -40,6 +47,7 @@ __all__ = [
     "collate_meta",
     "rank_and_world",
     "sample_key",
+    "sample_keys",
     "sample_rng",
     "yuv_to_rgb",
 ]
@@ -192,9 +200,13 @@ class BatchDataset(IterableDataset):
         return {"kind": self.kind, "items": self.source_sizes()}
 
     def _new_stream(self, sizes: Sequence[int]) -> SampleStream:
-        weights = None if self.weights is None else self.mixture.weights
-        stream = SampleStream(self.seed, sizes, weights, self.epochs, self.mixture.names)
-        samples, _, seen = self._origin
+        return self._stream_from(self.seed, self._origin, sizes)
+
+    def _stream_from(
+        self, seed: int, origin: tuple[int, int, tuple[int, ...]], sizes: Sequence[int]
+    ) -> SampleStream:
+        stream = SampleStream(seed, sizes, self.mixture.weights, self.epochs, self.mixture.names)
+        samples, _, seen = origin
         if seen:
             stream.restart(samples, seen)
         return stream
@@ -221,9 +233,15 @@ class BatchDataset(IterableDataset):
         samples, step, _ = self._origin
         return samples + (batch - step) * self.rank_world[1] * self.batch_size
 
-    def _resume_at(self, samples: int, batch: int, seen: Sequence[int]) -> None:
-        """Continue at ``samples`` consumed, this rank's next batch being batch ``batch``."""
-        self._origin = (samples, batch, tuple(int(c) for c in seen))
+    def resume_at(self, seed: int, samples: int, batch: int, seen: Sequence[int] = ()) -> None:
+        """Continue the stream of ``seed`` after ``samples`` consumed, ``seen[k]`` of them from
+        source k (empty: counted from the start), this rank's next batch being batch ``batch``.
+        Checked first: nothing changes when it fails."""
+        if samples < 0 or batch < 0:
+            raise ValueError(f"samples and batch must be >= 0, got {samples}, {batch}")
+        origin = (int(samples), int(batch), tuple(int(c) for c in seen))
+        self._stream_from(seed, origin, self.source_sizes())
+        self.seed, self._origin = seed, origin
 
     def indices(self, batch: int, sizes: int | Sequence[int] | None = None) -> np.ndarray:
         """What batch ``batch`` of this rank draws: item ids over all sources, int64 [B].
@@ -315,7 +333,7 @@ class BatchDataset(IterableDataset):
                 while len(pending) < depth:
                     draws, items = self._items(reader, batch)
                     out = torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
-                    keys = [sample_key(self.seed, d.sample) for d in draws]
+                    keys = sample_keys(self.seed, draws[0].sample, len(draws))
                     job = reader.submit(items, out.numpy(), item_keys=keys)
                     pending.append((batch, draws, items, out, job))
                     batch += step
@@ -505,10 +523,14 @@ class ClipLoader:
             raise TypeError("an endless ClipLoader has no length: give batches=N for epochs")
         return self.batches
 
+    def _next_batch(self) -> int:
+        """The next batch the consumer needs (those fetched ahead count as unseen)."""
+        ahead = 0 if self._ended else self.lookahead
+        return max(self._floor, self._position - ahead)
+
     def state_dict(self) -> dict[str, Any]:
         """Where the stream stands (see the class docstring); opens the dataset's reader."""
-        ahead = 0 if self._ended else self.lookahead
-        batch = max(self._floor, self._position - ahead)
+        batch = self._next_batch()
         dataset = self.dataset
         samples = dataset.consumed(batch)
         return {
@@ -543,18 +565,14 @@ class ClipLoader:
         else:
             seed, samples, batch = int(state["seed"]), int(state["samples"]), int(state["batch"])
             seen = [int(c) for c in state["source_samples"]]
-            if samples < 0 or batch < 0:
-                raise ValueError(f"samples and batch must be >= 0, got {samples}, {batch}")
             here, saved = self.dataset.fingerprint(), dict(state["sources"])
             if saved != here:
                 raise ValueError(
                     f"this loader state belongs to other sources: it was saved for "
                     f"{_describe(saved)}, this dataset reads {_describe(here)}"
                 )
+        self.dataset.resume_at(seed, samples, batch, seen)
         self._stop_live()
-        self.dataset.seed = seed
-        self.dataset._resume_at(samples, batch, seen)
-        self.dataset.sample_stream()  # checks the per-source counts against the sources
         self._position = self._floor = batch
         self._ended = False
 
@@ -572,13 +590,12 @@ class ClipLoader:
         )
         dataset = self.dataset
         samples = batch * dataset.rank_world[1] * dataset.batch_size
-        dataset.seed = seed
-        dataset._resume_at(0, 0, ())
-        return seed, samples, batch, dataset.sample_stream().seen(samples).tolist()
+        fresh = dataset._stream_from(seed, (0, 0, ()), dataset.source_sizes())
+        return seed, samples, batch, fresh.seen(samples).tolist()
 
     def __iter__(self) -> Generator[Any, None, None]:
         """Batches from ``state_dict()["batch"]`` on; an older iteration of this loader ends."""
-        start = self.state_dict()["batch"]
+        start = self._next_batch()
         self._stop_live()
         self._position = self._floor = start
         self._ended = False

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from kohakuclip.read.permute import permute
-from kohakuclip.read.seeding import derive_seed, generator, uniforms
+from kohakuclip.read.seeding import derive_seed, generator, hashes, uniforms
 
 Spec = Any
 """What a reader takes as sources: one path, or a sequence of paths."""
@@ -39,9 +39,15 @@ def sample_rng(seed: int, g: int) -> np.random.Generator:
     return generator(seed, _ITEM_TAG, g)
 
 
+def sample_keys(seed: int, start: int, count: int) -> list[int]:
+    """The keys a reader gets for samples ``start .. start + count - 1`` (``item_keys``): each
+    sample's crop and flips."""
+    return [int(k) for k in hashes((seed, _CROP_TAG), np.arange(start, start + count))]
+
+
 def sample_key(seed: int, g: int) -> int:
-    """The key a reader gets for sample ``g`` (``item_keys``): its crop and flips."""
-    return derive_seed(seed, _CROP_TAG, g)
+    """The key of sample ``g`` alone (see ``sample_keys``)."""
+    return sample_keys(seed, g, 1)[0]
 
 
 @dataclass(frozen=True)
