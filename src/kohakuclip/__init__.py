@@ -8,6 +8,7 @@ from kohakuclip.read.permute import permute
 from kohakuclip.read.pool import Pending
 from kohakuclip.read.reader import Batch, ClipError, Reader, VideoInfo
 from kohakuclip.read.sample import clip, random_frames
+from kohakuclip.read.stream import SampleStream
 from kohakuclip.write.images import encode_image, pack_images
 from kohakuclip.write.pack import pack
 from kohakuclip.write.video import encode
@@ -23,6 +24,7 @@ __all__ = [
     "ImageReader",
     "Pending",
     "Reader",
+    "SampleStream",
     "VideoInfo",
     "clip",
     "encode",

@@ -10,7 +10,7 @@ Sample ``g`` picks its source (when several are mixed) with a keyed hash of ``(s
 the weights, then an item of that source: at random from ``sample_rng(seed, g)`` (which also picks
 the frames), or in epoch mode the next position of that source's seeded permutation for its
 current epoch. A source's position is how many earlier samples chose it, so epoch mode counts
-them (vectorised hashing, forward from the last count, a few ns per sample). The crop and flips
+them (vectorised hashing, forward from the last count: under 0.1 us per sample). The crop and flips
 of sample ``g`` come from ``sample_key(seed, g)`` (a reader's ``item_keys``).
 """
 
@@ -177,11 +177,15 @@ class SampleStream:
             raise ValueError(f"sample {g} lies before the resume point {origin}")
         if len(self.sizes) == 1:
             return np.array([g], dtype=np.int64)
-        at, counts = self._counted if self._counted[0] <= g else self._origin
+        at, counts = self._counted
+        if at > g and at - g > g - origin:
+            at, counts = self._origin  # nearer to count forward from the resume point
         counts = counts.copy()
-        while at < g:
-            stop = min(g, at + _BLOCK)
-            counts += np.bincount(self.sources(at, stop), minlength=len(self.sizes))
+        while at != g:  # forward from the last count, or back to g when it lies behind
+            stop = min(g, at + _BLOCK) if at < g else max(g, at - _BLOCK)
+            lo, hi = min(at, stop), max(at, stop)
+            step = np.bincount(self.sources(lo, hi), minlength=len(self.sizes))
+            counts += step if at < g else -step
             at = stop
         self._counted = (g, counts)
         return counts.copy()
