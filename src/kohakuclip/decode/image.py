@@ -142,7 +142,8 @@ class ImageDecoder:
                 raise ImageDecodeError("decoded size differs from the index")
             colorspace = "bt709" if color & COLOR_BT709 else "bt601"
             full = bool(color & COLOR_FULL_RANGE)
-            self._planes.write(frame_planes(frame), crop, hflip, vflip, colorspace, full, dst)
+            y, u, v, shifts = frame_planes(frame)
+            self._planes.write((y, u, v), crop, hflip, vflip, colorspace, full, dst, shifts)
             return f"{colorspace}-full" if full else colorspace
         rgb = self._decode_rgb(data, codec, width, height, crop, dct_scale and self.mode != "yuv")
         if self.mode == "yuv":

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from functools import cache
 from time import thread_time
 from typing import Any
 
 import av
-import numpy as np
 
 from kohakuclip.codecs.av1_syntax import iter_obus, parse_sequence_header
 from kohakuclip.decode import _dav1d
-from kohakuclip.decode.pixels import frame_planes
+from kohakuclip.decode.pixels import Planes, frame_planes
 from kohakuclip.read.plan import ClipPlan, GopRead
 from kohakuclip.storage.catalog import VideoTrack
-
-Planes = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 _DECODERS = {"av1": "libdav1d", "h264": "h264", "hevc": "hevc"}
 
@@ -60,16 +58,23 @@ def _is_8bit_420(prefix: bytes) -> bool:
     )
 
 
-class ClipDecoder:
-    """One thread's decoders; feeds a ClipPlan and hands each wanted frame's planes to a
-    callback. 8-bit 4:2:0 AV1 goes straight to libdav1d (``_dav1d``) when its library is found,
-    everything else through PyAV; both give the same pixels."""
+@cache
+def _direct(prefix: bytes) -> bool:
+    return _is_8bit_420(prefix) and _dav1d.library() is not None
 
-    def __init__(self, use_dav1d: bool = True) -> None:
+
+def takes_dav1d(track: VideoTrack) -> bool:
+    """True when the track goes straight to libdav1d: 8-bit 4:2:0 AV1 with the library found."""
+    return track.codec == "av1" and bool(track.prefix) and _direct(track.prefix)
+
+
+class ClipDecoder:
+    """One thread's PyAV decoders; feeds a ClipPlan and hands each wanted frame's planes to a
+    callback. The path for what the compiled drivers (``_clips``) do not take, and their test
+    twin."""
+
+    def __init__(self) -> None:
         self._contexts: dict[str, Any] = {}
-        self._use_dav1d = use_dav1d
-        self._dav1d: _dav1d.Dav1dDecoder | None = None
-        self._direct: dict[bytes, bool] = {}  # sequence header -> libdav1d path applies
         self.seconds = {"read": 0.0, "decode": 0.0, "pixels": 0.0}  # thread CPU time per stage
 
     def _context(self, codec: str) -> Any:
@@ -86,23 +91,6 @@ class ClipDecoder:
     def reset(self, codec: str) -> None:
         """Drop a decoder that may be in a bad state after an error."""
         self._contexts.pop(codec, None)
-        if codec == "av1":
-            self._dav1d = None
-
-    def _direct_decoder(self, track: VideoTrack) -> _dav1d.Dav1dDecoder | None:
-        """The libdav1d decoder when it can take this track, else None."""
-        if not self._use_dav1d or track.codec != "av1" or not track.prefix:
-            return None
-        direct = self._direct.get(track.prefix)
-        if direct is None:
-            direct = self._direct[track.prefix] = (
-                _is_8bit_420(track.prefix) and _dav1d.library() is not None
-            )
-        if not direct:
-            return None
-        if self._dav1d is None:
-            self._dav1d = _dav1d.Dav1dDecoder(_dav1d.library())
-        return self._dav1d
 
     def decode(
         self,
@@ -119,11 +107,7 @@ class ClipDecoder:
         """
         seconds = self.seconds
         started, read_before = thread_time(), seconds["read"]
-        direct = self._direct_decoder(track)
-        if direct is not None:
-            produced, in_callbacks = self._decode_direct(direct, track, plan, fd, on_frame)
-        else:
-            produced, in_callbacks = self._decode_pyav(track, plan, fd, on_frame)
+        produced, in_callbacks = self._decode_pyav(track, plan, fd, on_frame)
         seconds["pixels"] += in_callbacks
         elapsed = thread_time() - started
         seconds["decode"] += elapsed - in_callbacks - (seconds["read"] - read_before)
@@ -146,60 +130,6 @@ class ClipDecoder:
                     in_callbacks += thread_time() - start
         ctx.flush_buffers()
         return produced, in_callbacks
-
-    def _decode_direct(
-        self,
-        decoder: _dav1d.Dav1dDecoder,
-        track: VideoTrack,
-        plan: ClipPlan,
-        fd: int,
-        on_frame: Callable[[Planes, int], None],
-    ) -> tuple[int, float]:
-        wanted = np.array(sorted(plan.targets), np.int64)
-        in_callbacks = 0.0
-        produced = 0
-        try:
-            for gop in plan.reads:
-                buf, begins, ends, firsts, stamps = self._gop_arrays(track, gop, fd)
-                try:
-                    produced += decoder.feed(buf, begins, ends, firsts, stamps, wanted)
-                except _dav1d.Dav1dError as e:
-                    raise ClipDecodeError(str(e)) from None
-                start = thread_time()
-                for display, planes in decoder.pictures():
-                    on_frame(planes, display)
-                in_callbacks += thread_time() - start
-        finally:
-            decoder.flush()
-        return produced, in_callbacks
-
-    def _gop_arrays(
-        self, track: VideoTrack, gop: GopRead, fd: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """One GOP's bytes and its packets as piece ranges: (bytes, begins, ends, first piece of
-        each packet and one past the last, display index per packet)."""
-        data = self._read(fd, gop)
-        pieces = [piece for piece_list, _ in gop.packets for piece in piece_list]
-        firsts = [0]
-        for piece_list, _ in gop.packets:
-            firsts.append(firsts[-1] + len(piece_list))
-        if (
-            track.prefix
-            and gop.packets
-            and not _has_sequence_header(memoryview(data)[pieces[0][0] : pieces[0][1]])
-        ):
-            shift = len(track.prefix)
-            data = track.prefix + data
-            pieces = [(0, shift)] + [(a + shift, b + shift) for a, b in pieces]
-            firsts = [0] + [f + 1 for f in firsts[1:]]
-        ranges = np.array(pieces, np.int64).reshape(-1, 2)
-        return (
-            np.frombuffer(data, np.uint8),
-            ranges[:, 0].copy(),
-            ranges[:, 1].copy(),
-            np.array(firsts, np.int64),
-            np.array([display for _, display in gop.packets], np.int64),
-        )
 
     def _read(self, fd: int, gop: GopRead) -> bytes:
         start = thread_time()

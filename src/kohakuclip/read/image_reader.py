@@ -49,6 +49,7 @@ class ImageBatch:
     colorspaces: list[str]  # "rgb", or the YUV matrix of the planes ("bt601-full", ...)
     full_range: np.ndarray  # bool [N]: the planes are full range (yuv modes)
     mode: str  # "rgb", "yuv_resized" or "yuv" (what kohakuclip.torch.yuv_to_rgb needs)
+    item_keys: list[int] | None = None  # per image, the key of its crop and flips (submit)
 
     @property
     def video(self) -> np.ndarray:
@@ -209,10 +210,8 @@ class ImageReader:
             raise ValueError("a batch needs at least one image")
         shape = self.batch_shape(len(clean))
         out = batch_buffer(out, shape)
-        keys = per_item_keys(item_keys, len(clean))
-        if keys is None:
-            seed = int(self._rng.integers(0, 2**63 - 1)) if seed is None else seed
-            keys = [(seed, i) for i in range(len(clean))]
+        if seed is None:
+            seed = int(self._rng.integers(0, 2**63 - 1))
         batch = ImageBatch(
             image=out,
             ids=clean,
@@ -221,10 +220,11 @@ class ImageReader:
             colorspaces=[""] * len(clean),
             full_range=np.zeros(len(clean), bool),
             mode=self.mode,
+            item_keys=per_item_keys(item_keys, len(clean)),
         )
         pool, files = self._ensure_process()
         pending: Pending[ImageBatch] = Pending(len(clean), batch)
-        pool.submit([self._task(batch, i, keys[i], files) for i in range(len(clean))], pending)
+        pool.submit([self._task(batch, i, seed, files) for i in range(len(clean))], pending)
         return pending
 
     def read(
@@ -237,11 +237,11 @@ class ImageReader:
         """Decode a batch and wait for it (arguments as for ``submit``)."""
         return self.submit(ids, out, seed, item_keys).result()
 
-    def _task(self, batch: ImageBatch, i: int, key: tuple[int, ...], files: FileCache) -> Any:
+    def _task(self, batch: ImageBatch, i: int, seed: int, files: FileCache) -> Any:
         def run(decoder: ImageDecoder) -> None:
             loc = self._catalog.locate(batch.ids[i])
             try:
-                self._read_one(decoder, loc, batch, i, key, files)
+                self._read_one(decoder, loc, batch, i, seed, files)
             except Exception as e:
                 raise ImageReadError(f"{self._where(batch.ids[i], loc)}: {e}") from e
 
@@ -259,7 +259,7 @@ class ImageReader:
         loc: ImageLocation,
         batch: ImageBatch,
         i: int,
-        key: tuple[int, ...],
+        seed: int,
         files: FileCache,
     ) -> None:
         data = ImageCatalog.read(loc, files)
@@ -267,7 +267,7 @@ class ImageReader:
         if not codec or not width:
             codec = codec or sniff_codec(data)
             width, height = decoder.probe(data, codec)
-        rng = generator(*key)
+        rng = generator(seed, i) if batch.item_keys is None else generator(batch.item_keys[i])
         crop = image_crop(self.crop, width, height, rng, self.scale, self.ratio)
         hflip = bool(rng.random() < self.hflip)
         vflip = bool(rng.random() < self.vflip)

@@ -5,21 +5,26 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import cache
 from time import thread_time
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
 from kohakuclip.decode.image import ImageDecoder
-from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, square_crop
-from kohakuclip.decode.video import ClipDecoder, Planes
+from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, Planes, square_crop
+from kohakuclip.decode.video import ClipDecoder, takes_dav1d
 from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
 from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
 from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator, per_item_keys
 from kohakuclip.storage.catalog import Catalog, VideoTrack
 from kohakuclip.storage.files import FileCache
+
+if TYPE_CHECKING:
+    from kohakuclip.decode._clips import ShareTables
 
 CropMode = Literal["random", "center"]
 Item = tuple[int, Sequence[int]]
@@ -55,17 +60,60 @@ class Batch:
     colorspaces: list[str]  # per clip: "bt601" | "bt709"
     full_range: np.ndarray  # bool [N]: full-range (JPEG-style) samples instead of limited
     mode: OutputMode = "rgb"
+    item_keys: list[int] | None = None  # per clip, the key of its crop and flips (submit)
+
+
+_AVCODEC_ROWS = {"h264": 0, "hevc": 1}
+
+
+@cache
+def _avcodec_found() -> bool:
+    """True when PyAV's libavcodec passed its start-up layout check (``decode._avcodec``)."""
+    from kohakuclip.decode import _avcodec
+
+    return _avcodec.library() is not None
 
 
 class _Worker:
     """Per-thread state: decoders and pixel buffers."""
 
-    def __init__(self, size: int, mode: OutputMode, window: int) -> None:
+    def __init__(self, size: int, mode: OutputMode, window: int, compiled: bool) -> None:
         self.decoder = ClipDecoder()
         self.pixels = PixelWriter(size, mode, window)
         self.size, self.mode, self.window = size, mode, window
         self._jpeg: ImageDecoder | None = None
+        self._dav1d: Any = None
+        self._avcodec: Any = None
+        self._use_compiled = compiled
         self.seconds = {"plan": 0.0}
+
+    def compiled(self, track: VideoTrack) -> tuple[Any, int] | None:
+        """The compiled share decoder that takes this track and its decoder row, or None (the
+        PyAV path)."""
+        if not self._use_compiled:
+            return None
+        if takes_dav1d(track):
+            if self._dav1d is None:
+                from kohakuclip.decode._clips import Dav1dClips
+
+                self._dav1d = Dav1dClips()
+            return self._dav1d, 0
+        if track.codec in _AVCODEC_ROWS and track.nal_length_size and _avcodec_found():
+            if self._avcodec is None:
+                from kohakuclip.decode._clips import AvcodecClips
+
+                self._avcodec = AvcodecClips([("h264", 0), ("hevc", 0)])
+            return self._avcodec, _AVCODEC_ROWS[track.codec]
+        return None
+
+    def compiled_seconds(self) -> dict[str, float]:
+        """Thread CPU seconds per stage spent in compiled share calls."""
+        seconds: dict[str, float] = {}
+        for driver in (self._dav1d, self._avcodec):
+            if driver is not None:
+                for stage, ns in zip(("read", "decode", "pixels"), driver.seconds.tolist()):
+                    seconds[stage] = seconds.get(stage, 0.0) + ns / 1e9
+        return seconds
 
     @property
     def jpeg(self) -> ImageDecoder:
@@ -138,6 +186,7 @@ class Reader:
         if self.window % 2:
             raise ValueError(f"window must be even, got {self.window}")
         self._rng = np.random.default_rng(seed)
+        self._compiled = True  # False: every clip through PyAV (the tests' slow twin)
         self._pid = -1
         self._pool: ThreadPool | None = None
         self._workers: list[_Worker] = []  # per-thread state, for stats()
@@ -209,7 +258,7 @@ class Reader:
         return self._pool, self._catalog.files
 
     def _new_worker(self) -> _Worker:
-        worker = _Worker(self.size, self.mode, self.window)
+        worker = _Worker(self.size, self.mode, self.window, self._compiled)
         with self._stats_lock:
             self._workers.append(worker)
         return worker
@@ -250,10 +299,8 @@ class Reader:
             raise ValueError("every clip of a batch must have the same number of frames")
         shape = self.batch_shape(len(clean), t)
         out = batch_buffer(out, shape)
-        keys = per_item_keys(item_keys, len(clean))
-        if keys is None:
-            seed = int(self._rng.integers(0, 2**63 - 1)) if seed is None else seed
-            keys = [(seed, i) for i in range(len(clean))]
+        if seed is None:
+            seed = int(self._rng.integers(0, 2**63 - 1))
         batch = Batch(
             video=out,
             items=clean,
@@ -262,11 +309,12 @@ class Reader:
             colorspaces=[""] * len(clean),
             full_range=np.zeros(len(clean), bool),
             mode=self.mode,
+            item_keys=per_item_keys(item_keys, len(clean)),
         )
         pool, files = self._ensure_process()
-        pending: Pending[Batch] = Pending(len(clean), batch)
-        tasks = [self._clip_task(batch, i, keys[i], files) for i in range(len(clean))]
-        pool.submit(tasks, pending)
+        shares = np.array_split(np.arange(len(clean)), min(self.threads, len(clean)))
+        pending: Pending[Batch] = Pending(len(shares), batch)
+        pool.submit([self._share_task(batch, s.tolist(), seed, files) for s in shares], pending)
         return pending
 
     def read(
@@ -279,25 +327,89 @@ class Reader:
         """Decode a batch and wait for it (arguments as for ``submit``)."""
         return self.submit(items, out, seed, item_keys).result()
 
-    def _clip_task(self, batch: Batch, i: int, key: tuple[int, ...], files: FileCache) -> Any:
-        catalog = self._catalog
+    def _share_task(self, batch: Batch, share: list[int], seed: int, files: FileCache) -> Any:
+        """One thread's part of a batch: every clip a compiled decoder takes goes through it in
+        one call (no GIL inside), the rest one by one through PyAV. The first failing clip's
+        error is raised once the others are written."""
 
         def run(worker: _Worker) -> None:
-            vid, frames = batch.items[i]
-            try:
-                self._read_clip(worker, batch, i, key, files)
-            except Exception as e:
-                worker.decoder.reset(catalog.track_codec(vid))
-                raise ClipError(f"{catalog.where(vid)}: frames {frames}: {e}") from e
+            from kohakuclip.decode import _clips  # numba loads with the first batch
+
+            errors: dict[int, BaseException] = {}
+            later: list[int] = []
+            with ExitStack() as descriptors:
+                tables: dict[int, tuple[Any, ShareTables]] = {}
+                for i in share:
+                    try:
+                        self._add_clip(worker, batch, i, seed, files, descriptors, tables, later)
+                    except Exception as e:
+                        errors[i] = e
+                video = batch.video.reshape(*batch.video.shape[:2], -1)
+                for decoder, share_tables in tables.values():
+                    status = decoder.run(share_tables, video)
+                    for i, (code, detail, _) in zip(share_tables.slots, status.tolist()):
+                        if code == _clips.UNSUPPORTED_FORMAT:
+                            later.append(i)
+                        elif code != _clips.OK:
+                            errors[i] = ClipError(_clips.describe(code, detail))
+            for i in later:
+                try:
+                    self._read_clip(worker, batch, i, seed, files)
+                except Exception as e:
+                    errors[i] = e
+            if errors:
+                first = min(errors)
+                vid, frames = batch.items[first]
+                error = errors[first]
+                raise ClipError(f"{self._catalog.where(vid)}: frames {frames}: {error}") from error
 
         return run
 
-    def _read_clip(
-        self, worker: _Worker, batch: Batch, i: int, key: tuple[int, ...], files: FileCache
+    def _add_clip(
+        self,
+        worker: _Worker,
+        batch: Batch,
+        i: int,
+        seed: int,
+        files: FileCache,
+        descriptors: ExitStack,
+        tables: dict[int, tuple[Any, ShareTables]],
+        later: list[int],
     ) -> None:
+        """Plan clip ``i`` into its compiled decoder's tables, or queue it for PyAV."""
         vid, frames = batch.items[i]
         track = self._catalog.track(vid)
-        rng = generator(*key)
+        compiled = worker.compiled(track)
+        if compiled is None:
+            later.append(i)
+            return
+        decoder, row = compiled
+        crop, hflip, vflip = self._clip_geometry(batch, i, seed, track)
+        start = thread_time()
+        plan = plan_clip(track, frames, self.skip)
+        worker.seconds["plan"] += thread_time() - start
+        if id(decoder) not in tables:
+            from kohakuclip.decode._clips import ShareTables
+
+            tables[id(decoder)] = (decoder, ShareTables(self.mode, self.size, self.window))
+        tables[id(decoder)][1].add(
+            i,
+            descriptors.enter_context(files.open(track.path)),
+            plan,
+            (crop.x, crop.y, crop.w, crop.h),
+            (hflip, vflip),
+            worker.pixels.matrix(track.colorspace, track.full_range),
+            track.prefix,
+            track.nal_length_size,
+            row,
+        )
+        self._count(len(frames), plan.decoded, plan.packets, plan.bytes_read)
+
+    def _clip_geometry(
+        self, batch: Batch, i: int, seed: int, track: VideoTrack
+    ) -> tuple[Crop, bool, bool]:
+        """Clip ``i``'s crop and flips (from its own seeded draw), recorded in the batch."""
+        rng = generator(seed, i) if batch.item_keys is None else generator(batch.item_keys[i])
         crop: Crop = square_crop(track.width, track.height, rng if self.crop == "random" else None)
         hflip = bool(rng.random() < self.hflip)
         vflip = bool(rng.random() < self.vflip)
@@ -307,6 +419,24 @@ class Reader:
         batch.flips[i] = (hflip, vflip)
         batch.colorspaces[i] = track.colorspace
         batch.full_range[i] = track.full_range
+        return crop, hflip, vflip
+
+    def _read_clip(
+        self, worker: _Worker, batch: Batch, i: int, seed: int, files: FileCache
+    ) -> None:
+        """One clip through PyAV (and GulpIO JPEG frames), frame by frame."""
+        track = self._catalog.track(batch.items[i][0])
+        try:
+            self._decode_clip(worker, batch, i, seed, files, track)
+        except Exception:
+            worker.decoder.reset(track.codec)
+            raise
+
+    def _decode_clip(
+        self, worker: _Worker, batch: Batch, i: int, seed: int, files: FileCache, track: VideoTrack
+    ) -> None:
+        frames = batch.items[i][1]
+        crop, hflip, vflip = self._clip_geometry(batch, i, seed, track)
         if track.codec == "jpeg":
             self._read_jpeg_clip(worker, track, batch.video[i], frames, crop, hflip, vflip, files)
             self._count(len(frames), len(set(frames)), len(set(frames)), 0)
@@ -323,9 +453,11 @@ class Reader:
             if display in written:
                 return
             positions = plan.targets[display]
-            pixels.write(planes, crop, hflip, vflip, colorspace, full_range, out[positions[0]])
+            y, u, v, shifts = planes
+            first = out[positions[0]]
+            pixels.write((y, u, v), crop, hflip, vflip, colorspace, full_range, first, shifts)
             for t in positions[1:]:
-                out[t] = out[positions[0]]
+                out[t] = first
             written[display] = positions[0]
 
         with files.open(track.path) as fd:
@@ -377,7 +509,12 @@ class Reader:
         with self._stats_lock:
             s: dict[str, float] = dict(self._stats)
             for worker in self._workers:
-                for stage, seconds in (*worker.seconds.items(), *worker.decoder.seconds.items()):
+                stages = (
+                    *worker.seconds.items(),
+                    *worker.decoder.seconds.items(),
+                    *worker.compiled_seconds().items(),
+                )
+                for stage, seconds in stages:
                     s[f"seconds_{stage}"] = s.get(f"seconds_{stage}", 0.0) + seconds
         s["decoded_per_output"] = s["frames_decoded"] / s["frames_out"] if s["frames_out"] else 0.0
         return s

@@ -65,18 +65,18 @@ def uniforms(parts: int | Sequence[int], positions: np.ndarray) -> np.ndarray:
     return (hashes(parts, positions) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def per_item_keys(keys: Sequence[int] | None, n: int) -> list[tuple[int, ...]] | None:
-    """Checked ``item_keys`` of a reader's submit: one key tuple per item (None stays None).
+def per_item_keys(keys: Sequence[int] | None, n: int) -> list[int] | None:
+    """Checked ``item_keys`` of a reader's submit: one int in ``[0, 2**64)`` per item.
 
     Args:
-        keys: one int in ``[0, 2**64)`` per item, or None.
+        keys: the keys, or None (then None).
         n: how many items the batch holds.
     """
     if keys is None:
         return None
-    out = [(k,) for k in keys]
+    out = list(keys)
     if len(out) != n:
         raise ValueError(f"item_keys holds {len(out)} keys for {n} items")
-    for (key,) in out:
+    for key in out:
         seed_sequence(key)  # type and range check
-    return [(int(key),) for (key,) in out]
+    return [int(key) for key in out]
