@@ -91,6 +91,22 @@ def test_a_restarted_stream_continues_per_source_epochs() -> None:
         resumed.restart(3, [3])
 
 
+def test_new_weights_on_resume_keep_each_source_in_its_epoch() -> None:
+    sizes = [5, 8]
+    before = SampleStream(6, sizes, [1.0, 1.0], epochs=True)
+    first = before.draw(0, 30)
+    after = SampleStream(6, sizes, [1.0, 4.0], epochs=True)
+    after.restart(30, before.seen(30).tolist())
+    rest = after.draw(30, 90)
+    for k, n in enumerate(sizes):
+        ids = [d.item for d in first + rest if d.source == k]
+        for e in range(len(ids) // n):
+            assert sorted(ids[e * n : (e + 1) * n]) == list(
+                range(sum(sizes[:k]), sum(sizes[: k + 1]))
+            )
+    assert sum(d.source for d in rest) > 0.6 * len(rest)  # the new weights apply
+
+
 def test_one_source_epochs_are_permutations_of_positions() -> None:
     stream = SampleStream(1, [10], epochs=True)
     got = items(stream, 0, 30)
