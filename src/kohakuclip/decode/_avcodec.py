@@ -515,7 +515,9 @@ class AvcodecDecoder:
             raise AvcodecError("out of memory opening a decoder")
         options = ctypes.c_void_p()
         wanted = {"threads": "1", "lowres": str(lowres)}
-        for key, value in wanted.items():
+        # a truncated JPEG is an error, not a picture with a grey bottom (as libjpeg-turbo)
+        strict = {"err_detect": "explode"} if codec == "mjpeg" else {}
+        for key, value in {**wanted, **strict}.items():
             lib.avutil.av_dict_set(ctypes.byref(options), key.encode(), value.encode(), 0)
         status = lib.avcodec.avcodec_open2(context, decoder, ctypes.byref(options))
         left = lib.avutil.av_dict_count(options)

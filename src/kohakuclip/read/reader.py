@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
-from kohakuclip.decode.image import ImageDecoder
+from kohakuclip.decode.image import ImageDecoder, dct_denominator, scaled_window
 from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, Planes, square_crop
 from kohakuclip.decode.video import ClipDecoder, takes_dav1d
 from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
@@ -63,7 +63,9 @@ class Batch:
     item_keys: list[int] | None = None  # per clip, the key of its crop and flips (submit)
 
 
-_AVCODEC_ROWS = {"h264": 0, "hevc": 1}
+# rows of a thread's libavcodec decoder table: H.264, HEVC, then MJPEG at lowres 0-3
+_AVCODECS: list[tuple[Any, int]] = [("h264", 0), ("hevc", 0), *(("mjpeg", k) for k in range(4))]
+_AVCODEC_ROWS = {"h264": 0, "hevc": 1, "jpeg": 2}
 
 
 @cache
@@ -98,11 +100,12 @@ class _Worker:
 
                 self._dav1d = Dav1dClips()
             return self._dav1d, 0
-        if track.codec in _AVCODEC_ROWS and track.nal_length_size and _avcodec_found():
+        annexb = bool(track.nal_length_size) or track.codec == "jpeg"
+        if track.codec in _AVCODEC_ROWS and annexb and _avcodec_found():
             if self._avcodec is None:
                 from kohakuclip.decode._clips import AvcodecClips
 
-                self._avcodec = AvcodecClips([("h264", 0), ("hevc", 0)])
+                self._avcodec = AvcodecClips(_AVCODECS)
             return self._avcodec, _AVCODEC_ROWS[track.codec]
         return None
 
@@ -384,19 +387,30 @@ class Reader:
             later.append(i)
             return
         decoder, row = compiled
-        crop, hflip, vflip = self._clip_geometry(batch, i, seed, track)
-        start = thread_time()
-        plan = plan_clip(track, frames, self.skip)
-        worker.seconds["plan"] += thread_time() - start
         if id(decoder) not in tables:
             from kohakuclip.decode._clips import ShareTables
 
             tables[id(decoder)] = (decoder, ShareTables(self.mode, self.size, self.window))
-        tables[id(decoder)][1].add(
+        share = tables[id(decoder)][1]
+        crop, hflip, vflip = self._clip_geometry(batch, i, seed, track)
+        start = thread_time()
+        plan = plan_clip(track, frames, self.skip)
+        worker.seconds["plan"] += thread_time() - start
+        window = (crop.x, crop.y, crop.w, crop.h)
+        if track.codec == "jpeg":  # GulpIO frames: shrunk in the DCT as the image reader does
+            d = (
+                1
+                if self.mode == "yuv"
+                else dct_denominator(track.width, track.height, crop, self.size)
+            )
+            window = scaled_window(track.width, track.height, crop, d)
+            row += d.bit_length() - 1
+            share.gray = (max(share.gray[0], track.height), max(share.gray[1], track.width))
+        share.add(
             i,
             descriptors.enter_context(files.open(track.path)),
             plan,
-            (crop.x, crop.y, crop.w, crop.h),
+            window,
             (hflip, vflip),
             worker.pixels.matrix(track.colorspace, track.full_range),
             track.prefix,
