@@ -193,3 +193,16 @@ def test_corrupt_jpeg_names_the_member_and_the_batch_still_fills(sources: Source
         with pytest.raises(ImageReadError, match=f"bad.zip:{member}"):
             reader.read([0, 2, 1])
         np.testing.assert_array_equal(reader.read([0, 1], seed=1).image, good)
+
+
+def test_reach_back_starts_decoding_keyframes_earlier(sources: Sources) -> None:
+    from kohakuclip.read.plan import plan_clip
+
+    with Reader(sources.folder, size=24, crop="center") as reader:
+        track = reader._catalog.track(0)
+        keys = track.key_positions
+        wanted = [int(keys[2]) + 1]
+        plans = [plan_clip(track, wanted, False, reach_back) for reach_back in (0, 1, 2)]
+        assert [p.reads[0].offset for p in plans] == [int(track.offsets[k]) for k in keys[2::-1]]
+        assert plans[0].reads[0].length < plans[1].reads[0].length < plans[2].reads[0].length
+        assert plan_clip(track, [0], False, 5).reads[0].offset == int(track.offsets[0])

@@ -22,6 +22,7 @@ import simplejpeg
 from PIL import Image
 
 from kohakuclip.decode.pixels import Crop, PixelWriter, frame_planes, yuv420_planes
+from kohakuclip.decode.video import padded_packet
 from kohakuclip.formats import COLOR_BT709, COLOR_FULL_RANGE
 
 ImageMode = Literal["rgb", "yuv", "yuv_resized"]
@@ -195,7 +196,7 @@ class ImageDecoder:
             ctx.thread_count = 1
             ctx.options = {"lowres": str(lowres), "err_detect": "explode"}  # as _avcodec
         try:
-            frames = ctx.decode(av.Packet(data)) + ctx.decode(None)
+            frames = ctx.decode(padded_packet(data)) + ctx.decode(None)
         except av.FFmpegError as e:
             raise ImageDecodeError(f"libavcodec cannot decode it ({e})") from None
         finally:
@@ -299,7 +300,7 @@ class ImageDecoder:
             self._av1.thread_count = 1
         ctx = self._av1
         try:
-            frames = ctx.decode(av.Packet(data))
+            frames = ctx.decode(padded_packet(data))
             if not frames:
                 frames = ctx.decode(None)
         except av.FFmpegError as e:

@@ -16,7 +16,7 @@ import numpy as np
 from kohakuclip.decode.image import ImageDecoder, dct_denominator, scaled_window
 from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, Planes, square_crop
 from kohakuclip.decode.video import ClipDecoder, takes_dav1d
-from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
+from kohakuclip.read.plan import ClipPlan, FrameRangeError, Skip, plan_clip
 from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
 from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator, per_item_keys
@@ -66,6 +66,7 @@ class Batch:
 # rows of a thread's libavcodec decoder table: H.264, HEVC, then MJPEG at lowres 0-3
 _AVCODECS: list[tuple[Any, int]] = [("h264", 0), ("hevc", 0), *(("mjpeg", k) for k in range(4))]
 _AVCODEC_ROWS = {"h264": 0, "hevc": 1, "jpeg": 2}
+_REACH_BACK = 2  # keyframes a clip with frames the decoder dropped is retried from (plan_clip)
 
 
 @cache
@@ -340,19 +341,28 @@ class Reader:
 
             errors: dict[int, BaseException] = {}
             later: list[int] = []
+            counts: dict[
+                int, tuple[int, int, int]
+            ] = {}  # per planned clip: decoded, packets, bytes
             with ExitStack() as descriptors:
                 tables: dict[int, tuple[Any, ShareTables]] = {}
                 for i in share:
                     try:
-                        self._add_clip(worker, batch, i, seed, files, descriptors, tables, later)
+                        planned = self._add_clip(worker, batch, i, seed, files, descriptors, tables)
+                        if planned is None:
+                            later.append(i)
+                        else:
+                            counts[i] = planned
                     except Exception as e:
                         errors[i] = e
                 video = batch.video.reshape(*batch.video.shape[:2], -1)
                 for decoder, share_tables in tables.values():
                     status = decoder.run(share_tables, video)
                     for i, (code, detail, _) in zip(share_tables.slots, status.tolist()):
-                        if code == _clips.UNSUPPORTED_FORMAT:
-                            later.append(i)
+                        if code == _clips.OK:
+                            self._count(len(batch.items[i][1]), *counts[i])
+                        elif code in (_clips.UNSUPPORTED_FORMAT, _clips.MISSING_FRAME):
+                            later.append(i)  # PyAV, from earlier keyframes if need be
                         elif code != _clips.OK:
                             errors[i] = ClipError(_clips.describe(code, detail))
             for i in later:
@@ -377,15 +387,14 @@ class Reader:
         files: FileCache,
         descriptors: ExitStack,
         tables: dict[int, tuple[Any, ShareTables]],
-        later: list[int],
-    ) -> None:
-        """Plan clip ``i`` into its compiled decoder's tables, or queue it for PyAV."""
+    ) -> tuple[int, int, int] | None:
+        """Plan clip ``i`` into its compiled decoder's tables; returns what the plan decodes,
+        feeds and reads, or None for a clip the PyAV path takes."""
         vid, frames = batch.items[i]
         track = self._catalog.track(vid)
         compiled = worker.compiled(track)
         if compiled is None:
-            later.append(i)
-            return
+            return None
         decoder, row = compiled
         if id(decoder) not in tables:
             from kohakuclip.decode._clips import ShareTables
@@ -417,7 +426,7 @@ class Reader:
             track.nal_length_size,
             row,
         )
-        self._count(len(frames), plan.decoded, plan.packets, plan.bytes_read)
+        return plan.decoded, plan.packets, plan.bytes_read
 
     def _clip_geometry(
         self, batch: Batch, i: int, seed: int, track: VideoTrack
@@ -455,28 +464,36 @@ class Reader:
             self._read_jpeg_clip(worker, track, batch.video[i], frames, crop, hflip, vflip, files)
             self._count(len(frames), len(set(frames)), len(set(frames)), 0)
             return
-        start = thread_time()
-        plan = plan_clip(track, frames, self.skip)
-        worker.seconds["plan"] += thread_time() - start
         out = batch.video[i]
-        written: dict[int, int] = {}
         pixels = worker.pixels
         colorspace, full_range = track.colorspace, track.full_range
+        for reach_back in range(_REACH_BACK + 1):
+            start = thread_time()
+            plan = plan_clip(track, frames, self.skip, reach_back)
+            worker.seconds["plan"] += thread_time() - start
+            written: dict[int, int] = {}
 
-        def on_frame(planes: Planes, display: int) -> None:
-            if display in written:
-                return
-            positions = plan.targets[display]
-            y, u, v, shifts = planes
-            first = out[positions[0]]
-            pixels.write((y, u, v), crop, hflip, vflip, colorspace, full_range, first, shifts)
-            for t in positions[1:]:
-                out[t] = first
-            written[display] = positions[0]
+            def on_frame(
+                planes: Planes,
+                display: int,
+                plan: ClipPlan = plan,
+                written: dict[int, int] = written,
+            ) -> None:
+                if display in written:
+                    return
+                positions = plan.targets[display]
+                y, u, v, shifts = planes
+                first = out[positions[0]]
+                pixels.write((y, u, v), crop, hflip, vflip, colorspace, full_range, first, shifts)
+                for t in positions[1:]:
+                    out[t] = first
+                written[display] = positions[0]
 
-        with files.open(track.path) as fd:
-            worker.decoder.decode(track, plan, fd, on_frame)
-        missing = [d for d in plan.targets if d not in written]
+            with files.open(track.path) as fd:
+                worker.decoder.decode(track, plan, fd, on_frame)
+            missing = [d for d in plan.targets if d not in written]
+            if not missing:
+                break
         if missing:
             raise ClipError(f"decoder produced no frame for display index {missing[0]}")
         self._count(len(frames), plan.decoded, plan.packets, plan.bytes_read)
