@@ -9,6 +9,7 @@ from kohakuclip.read.permute import permute
 from kohakuclip.read.pool import Pending
 from kohakuclip.read.reader import Batch, ClipError, Reader, VideoInfo
 from kohakuclip.read.sample import clip, random_frames
+from kohakuclip.read.stream import SampleStream
 from kohakuclip.sheet import contact_sheet
 from kohakuclip.summary import VideoSummary, describe
 from kohakuclip.write.images import encode_image, pack_images
@@ -29,6 +30,7 @@ __all__ = [
     "Pending",
     "Problem",
     "Reader",
+    "SampleStream",
     "VerifyReport",
     "VideoInfo",
     "VideoSummary",
