@@ -1,4 +1,4 @@
-"""How often each thread takes CPython's GIL: an LD_PRELOAD shim compiled at run time (benchmarks only).
+"""How often each thread takes CPython's GIL: an LD_PRELOAD shim built at run time (benchmarks).
 
 CPython (3.2 on, built with ``FORCE_SWITCHING``, the default) signals the GIL's
 ``switch_cond`` exactly once in every take of the GIL (``take_gil``), and the GIL's ``cond``
@@ -84,11 +84,13 @@ static void calibration_note(void *cond) {
 }
 
 int pthread_cond_signal(pthread_cond_t *cond) {
-    if (!real_signal) real_signal = (int (*)(pthread_cond_t *))dlsym(RTLD_NEXT, "pthread_cond_signal");
+    if (!real_signal)
+        real_signal = (int (*)(pthread_cond_t *))dlsym(RTLD_NEXT, "pthread_cond_signal");
     atomic_fetch_add_explicit(&signals_seen, 1, memory_order_relaxed);
     if ((void *)cond == atomic_load_explicit(&take_cond, memory_order_relaxed) && cond)
         atomic_fetch_add_explicit(&take_counts[slot()], 1, memory_order_relaxed);
-    else if (atomic_load_explicit(&cal_tid, memory_order_relaxed) && atomic_load(&cal_tid) == my_tid())
+    else if (atomic_load_explicit(&cal_tid, memory_order_relaxed)
+             && atomic_load(&cal_tid) == my_tid())
         calibration_note(cond);
     return real_signal(cond);
 }

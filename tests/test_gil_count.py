@@ -114,6 +114,8 @@ def test_counts_takes_per_thread(lib: str) -> None:
 def test_not_preloaded_is_a_clear_error(lib: str) -> None:
     env = dict(os.environ, KC_GIL_COUNT_LIB=lib)
     env.pop("LD_PRELOAD", None)
-    proc = _run(env, "import sys\nsys.path.insert(0, BENCH)\nimport _gil_count\n_gil_count.GilCounter()\n")
+    proc = _run(
+        env, "import sys\nsys.path.insert(0, BENCH)\nimport _gil_count\n_gil_count.GilCounter()\n"
+    )
     assert proc.returncode != 0
     assert "not preloaded" in proc.stderr
