@@ -143,16 +143,20 @@ def measure(mode, duty, seconds, k0):
         stop.set(); t.join()
     skip = {main_tid, busy_state["tid"] if busy_state else None}
     decode = sum(n for tid, n in takes.items() if tid not in skip)
-    return {"items": done * per_batch, "wall": wall, "takes": decode,
+    pool = sum(n for name, n in counter.by_name(takes).items() if name.startswith("kohakuclip-"))
+    return {"items": done * per_batch, "wall": wall, "takes": decode, "pool_takes": pool,
             "slices_per_s": slices / wall}, k
 
-out = {m: {"items": 0, "wall": 0.0, "takes": 0, "slices_per_s": []} for m in spec["modes"]}
+out = {
+    m: {"items": 0, "wall": 0.0, "takes": 0, "pool_takes": 0, "slices_per_s": []}
+    for m in spec["modes"]
+}
 modes = list(spec["modes"].items())
 k = 0
 for r in range(spec["rounds"]):
     for mode, duty in modes[r % len(modes):] + modes[:r % len(modes)]:
         res, k = measure(mode, duty, spec["seconds"], k)
-        for key in ("items", "wall", "takes"):
+        for key in ("items", "wall", "takes", "pool_takes"):
             out[mode][key] += res[key]
         out[mode]["slices_per_s"].append(res["slices_per_s"])
 result = {}
@@ -160,6 +164,7 @@ for mode, o in out.items():
     result[mode] = {
         "per_s": o["items"] / o["wall"],
         "takes_per_item": o["takes"] / o["items"],
+        "pool_takes_per_item": o["pool_takes"] / o["items"],
         "trainer_speed": (sum(o["slices_per_s"]) / len(o["slices_per_s"]) / alone[mode])
         if mode in alone else None,
     }
@@ -390,6 +395,16 @@ def _fmt(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _takes(res: dict) -> str:
+    """Takes per item: by the pool's threads (``kohakuclip-N``) where it names them, else by
+    every thread but the main and busy ones; ``(+x)``: takes by other such threads."""
+    total, pool = res["takes_per_item"], res.get("pool_takes_per_item", 0.0)
+    if pool == 0:
+        return _fmt(total)
+    other = total - pool
+    return _fmt(pool) + (f" (+{other:.1f})" if other >= 0.05 else "")
+
+
 def table_row(content: str, who: str, threads: int, res: dict) -> str:
     unit = "images" if content == "jpeg" else "clips"
     if "error" in res:
@@ -399,7 +414,7 @@ def table_row(content: str, who: str, threads: int, res: dict) -> str:
     for mode in ("100 %", "50 %"):
         per_s = res[mode]["per_s"]
         cells += [f"{per_s:.1f}", f"{per_s / idle:.2f}"]
-    cells.append(" / ".join(_fmt(res[m]["takes_per_item"]) for m in MODES))
+    cells.append(" / ".join(_takes(res[m]) for m in MODES))
     cells += [_fmt(res[m]["trainer_speed"], 2) for m in ("100 %", "50 %")]
     return "| " + " | ".join(cells) + " |"
 
@@ -480,8 +495,9 @@ def main() -> None:
         "(100 %) or each followed by a 1 ms sleep (50 %)"
     )
     print(
-        "- GIL takes per clip (image) by the decode threads (all but main and busy): "
-        "idle / 100 % / 50 %; trainer speed: the busy thread's rate beside the reader / alone\n"
+        "- GIL takes per clip (image) by the decode threads, idle / 100 % / 50 %: ours, its "
+        "pool's threads kohakuclip-N ((+x): other threads); 1.0.0, every thread but the main "
+        "and busy ones; trainer speed: the busy thread's rate beside the reader / alone\n"
     )
     print(
         "| source | reader | threads | idle | 100 % busy | busy / idle | 50 % busy | busy / idle |"
