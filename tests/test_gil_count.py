@@ -100,15 +100,16 @@ def test_counts_takes_per_thread(lib: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     threads = out["threads"]
-    # one take per release (the start of the thread adds one)
-    assert N <= threads["sleep0"] <= N + 3
-    assert N <= threads["stat"] <= N + 3
+    # one take per release, plus the thread's start and, on a loaded machine, a few forced
+    # switches (a thread descheduled while holding the GIL past the switch interval)
+    assert N <= threads["sleep0"] <= N + N // 20 + 3
+    assert N <= threads["stat"] <= N + N // 20 + 3
     # a thread that holds no GIL while it waits / computes takes it about once
-    assert threads["long_sleep"] <= 3
-    assert threads["nogil"] <= 3
+    assert threads["long_sleep"] <= 5
+    assert threads["nogil"] <= 5
     # names of live threads map to their counts
     assert out["named"]["sleep0"] >= N
-    assert out["named"]["nogil"] <= 3
+    assert out["named"]["nogil"] <= 5
 
 
 def test_not_preloaded_is_a_clear_error(lib: str) -> None:
