@@ -96,14 +96,6 @@ def start_busy(duty):
         time.sleep(0.001)
     return t, stop, state
 
-def busy_alone(duty, seconds=0.4):
-    t, stop, state = start_busy(duty)
-    t0 = time.perf_counter(); s0 = state["slices"]
-    time.sleep(seconds)
-    rate = (state["slices"] - s0) / (time.perf_counter() - t0)
-    stop.set(); t.join()
-    return rate
-
 opts = dict(size=spec["size"], threads=spec["threads"], seed=0)
 if spec["kind"] == "image":
     reader = kohakuclip.ImageReader(spec["sources"], **opts)
@@ -117,12 +109,14 @@ else:
     per_batch = spec["clips"]
 
 reader.read(batches[-1])  # warm-up: threads, decoders, compiled kernels, page cache
-alone = {mode: busy_alone(duty) for mode, duty in spec["modes"].items() if duty > 0}
 
 def measure(mode, duty, seconds, k0):
-    busy_state = None
-    if duty > 0:
+    busy_state, alone = None, None
+    if duty > 0:  # its rate alone first, the reader idle: the same moment of the machine's noise
         t, stop, busy_state = start_busy(duty)
+        a0, s0 = time.perf_counter(), busy_state["slices"]
+        time.sleep(0.3)
+        alone = (busy_state["slices"] - s0) / (time.perf_counter() - a0)
     before = counter.takes()
     s0 = busy_state["slices"] if busy_state else 0
     t0 = time.perf_counter()
@@ -145,10 +139,10 @@ def measure(mode, duty, seconds, k0):
     decode = sum(n for tid, n in takes.items() if tid not in skip)
     pool = sum(n for name, n in counter.by_name(takes).items() if name.startswith("kohakuclip-"))
     return {"items": done * per_batch, "wall": wall, "takes": decode, "pool_takes": pool,
-            "slices_per_s": slices / wall}, k
+            "trainer_speed": slices / wall / alone if alone else None}, k
 
 out = {
-    m: {"items": 0, "wall": 0.0, "takes": 0, "pool_takes": 0, "slices_per_s": []}
+    m: {"items": 0, "wall": 0.0, "takes": 0, "pool_takes": 0, "trainer_speed": []}
     for m in spec["modes"]
 }
 modes = list(spec["modes"].items())
@@ -158,15 +152,16 @@ for r in range(spec["rounds"]):
         res, k = measure(mode, duty, spec["seconds"], k)
         for key in ("items", "wall", "takes", "pool_takes"):
             out[mode][key] += res[key]
-        out[mode]["slices_per_s"].append(res["slices_per_s"])
+        if res["trainer_speed"] is not None:
+            out[mode]["trainer_speed"].append(res["trainer_speed"])
 result = {}
 for mode, o in out.items():
     result[mode] = {
         "per_s": o["items"] / o["wall"],
         "takes_per_item": o["takes"] / o["items"],
         "pool_takes_per_item": o["pool_takes"] / o["items"],
-        "trainer_speed": (sum(o["slices_per_s"]) / len(o["slices_per_s"]) / alone[mode])
-        if mode in alone else None,
+        "trainer_speed": sum(o["trainer_speed"]) / len(o["trainer_speed"])
+        if o["trainer_speed"] else None,
     }
 reader.close() if hasattr(reader, "close") else None
 print(json.dumps(result))
@@ -497,7 +492,8 @@ def main() -> None:
     print(
         "- GIL takes per clip (image) by the decode threads, idle / 100 % / 50 %: ours, its "
         "pool's threads kohakuclip-N ((+x): other threads); 1.0.0, every thread but the main "
-        "and busy ones; trainer speed: the busy thread's rate beside the reader / alone\n"
+        "and busy ones; trainer speed: the busy thread's rate beside the reader / alone "
+        "(0.3 s before each measurement)\n"
     )
     print(
         "| source | reader | threads | idle | 100 % busy | busy / idle | 50 % busy | busy / idle |"
