@@ -444,3 +444,11 @@ def test_image_dataset_meta_from_a_gulp_dir(gulp_dir):
         expected = [reader.metadata(i) for i in meta["image"].tolist()]
     assert meta["key"] == [r["key"] for r in expected]
     assert meta["meta"]["label"] == [r["meta"]["label"] for r in expected]
+
+
+def test_a_folder_of_shards_reads_as_its_shards(shard_dir, shard):
+    with ImageReader(str(shard_dir), size=SIZE) as folder, ImageReader(shard, size=SIZE) as one:
+        assert len(folder) == len(one) == 8
+        np.testing.assert_array_equal(
+            folder.read(range(8), seed=1).image, one.read(range(8), seed=1).image
+        )
