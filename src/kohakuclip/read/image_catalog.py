@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import zlib
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +92,7 @@ class ImageCatalog:
         ]
         counts = np.array([s.count for s in self.sources], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self._start_list: list[int] = self._starts.tolist()
         self._lock = threading.Lock()
         self._manifest: ImageManifest | None = None
 
@@ -161,8 +163,8 @@ class ImageCatalog:
                 src.records = None
 
     def _find(self, image_id: int) -> tuple[_Source, int]:
-        s = int(np.searchsorted(self._starts, image_id, side="right")) - 1
-        return self.sources[s], image_id - int(self._starts[s])
+        s = bisect_right(self._start_list, image_id) - 1  # np.searchsorted releases the GIL
+        return self.sources[s], image_id - self._start_list[s]
 
     def _records(self, src: _Source) -> np.ndarray:
         if src.records is None or src.records_pid != os.getpid():
@@ -182,7 +184,7 @@ class ImageCatalog:
     @staticmethod
     def _gulp_frame(gulp: GulpIndex, k: int) -> tuple[int, int]:
         """(video, frame in that video) of the ``k``-th stored frame of a gulp directory."""
-        video = int(np.searchsorted(gulp.first, k, side="right")) - 1
+        video = bisect_right(gulp.first, k) - 1  # gulp.first: a sorted sequence
         return video, k - int(gulp.first[video])
 
     def frame(self, image_id: int) -> int | None:
