@@ -214,6 +214,29 @@ def resize_window(src, hstarts, hweights, vstarts, vweights, tmp, dst, hflip, vf
     _transposed_pass(tmp, hstarts - col0, hweights, 0, oh, dst, hflip)
 
 
+class Resizer:
+    """``resize_window`` for Python callers: taps from the cache, scratch reused (one per thread).
+
+    Call it as ``resizer(src, dst, hflip, vflip)``: ``src`` uint8 [h, w] (any strides) resized
+    into ``dst`` uint8 [H, W], mirrored left-right / upside down when asked.
+    """
+
+    def __init__(self) -> None:
+        self._scratch = np.empty(0, np.uint8)
+
+    def __call__(
+        self, src: np.ndarray, dst: np.ndarray, hflip: bool = False, vflip: bool = False
+    ) -> None:
+        (h, w), (oh, ow) = src.shape, dst.shape
+        rows, cols = tmp_shape((h, w), (oh, ow))
+        if self._scratch.size < rows * cols:
+            self._scratch = np.empty(rows * cols, np.uint8)
+        hs, hw = resize_taps(w, ow)
+        vs, vw = resize_taps(h, oh)
+        tmp = self._scratch[: rows * cols].reshape(rows, cols)
+        resize_window(src, hs, hw, vs, vw, tmp, dst, hflip, vflip)
+
+
 def resize(src: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
     """``src`` (uint8 [h, w], any strides) resized to uint8 [out_h, out_w]: tests and callers
     off the hot path.
@@ -226,21 +249,5 @@ def resize(src: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
     if src.ndim != 2 or src.dtype != np.uint8:
         raise ValueError(f"resize takes a 2-D uint8 array, got {src.dtype} {src.shape}")
     dst = np.empty((out_h, out_w), np.uint8)
-    resize_into(src, dst)
+    Resizer()(src, dst)
     return dst
-
-
-def resize_into(src: np.ndarray, dst: np.ndarray, hflip: bool = False, vflip: bool = False) -> None:
-    """``resize_window`` with its taps and scratch made here (Python callers).
-
-    Args:
-        src: uint8 [h, w] window, any strides.
-        dst: uint8 [H, W] output.
-        hflip, vflip: mirror the output.
-    """
-    h, w = src.shape
-    oh, ow = dst.shape
-    hs, hw = resize_taps(w, ow)
-    vs, vw = resize_taps(h, oh)
-    tmp = np.empty(tmp_shape((h, w), (oh, ow)), np.uint8)
-    resize_window(src, hs, hw, vs, vw, tmp, dst, hflip, vflip)

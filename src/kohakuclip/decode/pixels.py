@@ -1,9 +1,11 @@
 """Turn a decoded YUV frame into output pixels: crop window, resize, colour conversion, flips.
 
-The crop window is resized plane by plane (only the window is read; OpenCV), then converted with
-the video's own matrix and range straight into the planar output (``_planar_rgb``, numba). A
-window that already has the output size, or exactly twice it in luma (a 2x2 box), goes to the
-conversion as it is. Every step releases the GIL and writes into reused buffers.
+The crop window is resized plane by plane with the one antialiased filter (``_resize``: only the
+window is read), then converted with the video's own matrix and range straight into the planar
+output (``_planar_rgb``); both are numba. A window that already has the output size, or exactly
+twice it in luma (the filter's 2x2 box, averaged in the conversion), goes to the conversion as it
+is. Flips happen where the pixels are stored. Every step releases the GIL and writes into reused
+buffers.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Literal
 
 import cv2
 import numpy as np
+
+from kohakuclip.decode import _resize
 
 OutputMode = Literal["rgb", "yuv_resized", "yuv"]
 
@@ -66,21 +70,6 @@ def square_crop(width: int, height: int, rng: np.random.Generator | None) -> Cro
     return Crop(x & ~1, y & ~1, side, side)
 
 
-def resize_plane(src: np.ndarray, dst: np.ndarray) -> None:
-    """Antialiased resize of ``src`` into ``dst``: box prefilter by the integer part of a >=2x
-    shrink, then bilinear (OpenCV's area filter is only fast at integer ratios)."""
-    h, w = src.shape
-    oh, ow = dst.shape
-    k = min(h // oh, w // ow)
-    if k >= 2:
-        hk, wk = h - h % k, w - w % k
-        if hk // k == oh and wk // k == ow:
-            cv2.resize(src[:hk, :wk], (ow, oh), dst=dst, interpolation=cv2.INTER_AREA)
-            return
-        src = cv2.resize(src[:hk, :wk], (wk // k, hk // k), interpolation=cv2.INTER_AREA)
-    cv2.resize(src, (ow, oh), dst=dst, interpolation=cv2.INTER_LINEAR)
-
-
 def frame_planes(frame: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Zero-copy Y, U, V arrays of a decoded 8-bit 4:2:0 PyAV frame (other formats converted).
 
@@ -117,10 +106,6 @@ def yuv420_frame_bytes(side: int) -> int:
     return side * side + 2 * c * c
 
 
-def _flip_code(hflip: bool, vflip: bool) -> int:
-    return -1 if hflip and vflip else (1 if hflip else 0)
-
-
 class PixelWriter:
     """Per-thread buffers and the per-frame pixel pipeline for one output mode and size.
 
@@ -135,8 +120,8 @@ class PixelWriter:
         self.mode = mode
         self.window = window
         s = size
+        self._resize = _resize.Resizer()
         if mode == "rgb":
-            # numba loads on first use, so that importing kohakuclip stays quick
             from kohakuclip.decode import _planar_rgb
 
             self._planar_rgb = _planar_rgb.planar_rgb
@@ -178,15 +163,11 @@ class PixelWriter:
             _chroma_window(v, crop),
         )
         if self.mode == "rgb":
-            self._write_rgb(planes, windows, crop, self._matrix(colorspace, full_range), vflip, dst)
-            if hflip:
-                for plane in dst:
-                    cv2.flip(plane, 1, dst=plane)
+            matrix = self._matrix(colorspace, full_range)
+            self._write_rgb(planes, windows, crop, matrix, hflip, vflip, dst)
         elif self.mode == "yuv_resized":
             for src, out in zip(windows, yuv420_planes(dst, self.size)):
-                resize_plane(src, out)
-                if hflip or vflip:
-                    cv2.flip(out, _flip_code(hflip, vflip), dst=out)
+                self._resize(src, out, hflip, vflip)
         else:
             for src, out in zip(windows, yuv420_planes(dst, self.window)):
                 out[: src.shape[0], : src.shape[1]] = src
@@ -197,23 +178,26 @@ class PixelWriter:
         windows: tuple[np.ndarray, np.ndarray, np.ndarray],
         crop: Crop,
         matrix: np.ndarray,
+        hflip: bool,
         vflip: bool,
         dst: np.ndarray,
     ) -> None:
-        """Resize what needs it into the scratch planes, then convert into ``dst`` (vflipped)."""
+        """Resize what needs it into the scratch planes, then convert into ``dst`` (flipped)."""
         s = self.size
         y, u, v = planes
         cy, cx = crop.y // 2, crop.x // 2
         if not (windows[1].shape == (s, s) and u.flags.c_contiguous and v.flags.c_contiguous):
-            resize_plane(windows[1], self._u)
-            resize_plane(windows[2], self._v)
+            self._resize(windows[1], self._u, False, False)
+            self._resize(windows[2], self._v, False, False)
             u, v, cy, cx = self._u, self._v, 0, 0
         pairs = crop.x % 2 == 0 and y.shape[1] % 2 == 0 and y.flags.c_contiguous
         if crop.w == crop.h == 2 * s and pairs:
             luma16 = y.view(np.uint16)
-            self._planar_rgb_box2(luma16, crop.y, crop.x // 2, u, v, cy, cx, matrix, vflip, dst)
+            self._planar_rgb_box2(
+                luma16, crop.y, crop.x // 2, u, v, cy, cx, matrix, vflip, hflip, dst
+            )
             return
         if not (crop.w == crop.h == s and y.flags.c_contiguous):
-            resize_plane(windows[0], self._y)
+            self._resize(windows[0], self._y, False, False)
             y, crop = self._y, Crop(0, 0, s, s)
-        self._planar_rgb(y, crop.y, crop.x, u, v, cy, cx, matrix, vflip, dst)
+        self._planar_rgb(y, crop.y, crop.x, u, v, cy, cx, matrix, vflip, hflip, dst)
