@@ -12,7 +12,7 @@ import pytest
 from image_media import encode, photo, psnr, write_tar, write_zip
 from PIL import Image
 
-from kohakuclip.decode.image import JPEG_COLORSPACE, dct_denominator, resize_into
+from kohakuclip.decode.image import JPEG_COLORSPACE, dct_denominator
 from kohakuclip.decode.pixels import Crop
 from kohakuclip.image_writer import write_images
 from kohakuclip.read.image_reader import ImageReader, ImageReadError
@@ -45,10 +45,14 @@ def _stored(shard: str) -> list[tuple[str, bytes]]:
 
 
 def _reference(data: bytes, crop: np.ndarray, size: int = SIZE) -> np.ndarray:
-    """Pillow's full decode, the window, an area-filtered resize: uint8 [3, size, size]."""
+    """Pillow's full decode, the window cut out, Pillow's resize with the reader's filter
+    (BILINEAR, or reduce at an exact integer shrink): uint8 [3, size, size]."""
     x, y, w, h = (int(v) for v in crop)
-    image = Image.open(io.BytesIO(data)).convert("RGB")
-    out = image.resize((size, size), Image.Resampling.BOX, box=(x, y, x + w, y + h))
+    window = Image.open(io.BytesIO(data)).convert("RGB").crop((x, y, x + w, y + h))
+    if w % size == 0 and h % size == 0 and w > size and h > size:
+        out = window.reduce((w // size, h // size))
+    else:
+        out = window.resize((size, size), Image.Resampling.BILINEAR)
     return np.asarray(out).transpose(2, 0, 1)
 
 
@@ -69,8 +73,8 @@ def test_dct_scaling_stays_close(shard):
     values = [
         psnr(batch.image[i], _reference(d, batch.crops[i])) for i, (_, d) in enumerate(stored)
     ]
-    # A 256 window shrunk 1/2 in the DCT: a sharper low-pass than the area filter; here about
-    # 3.5 dB below the full decode (42.7 against 46.3 dB at the worst image).
+    # A 256 window shrunk 1/2 in the DCT: a different low-pass than the resize's; here about
+    # 6 dB below the full decode (50.2 against 56.2 dB at the worst image).
     assert min(values) >= 38, values
 
 
@@ -79,18 +83,6 @@ def test_dct_denominator():
     assert dct_denominator(512, 512, Crop(0, 0, 512, 512), 128) == 4
     assert dct_denominator(512, 512, Crop(0, 0, 300, 512), 256) == 1
     assert dct_denominator(1024, 1024, Crop(0, 0, 1024, 1024), 100) == 8
-
-
-def test_resize_into_matches_area_filter():
-    src = photo(300, 410, seed=7)
-    dst = np.empty((128, 128, 3), np.uint8)
-    resize_into(src, dst)
-    ref = np.asarray(Image.fromarray(src).resize((128, 128), Image.Resampling.BOX))
-    assert psnr(dst, ref) > 38
-    up = np.empty((500, 500, 3), np.uint8)
-    resize_into(src, up)
-    ref = np.asarray(Image.fromarray(src).resize((500, 500), Image.Resampling.BILINEAR))
-    assert psnr(up, ref) > 38
 
 
 def test_indexed_zip_listed_zip_tar_folder_and_deflated_zip_agree(shard, tmp_path):

@@ -304,7 +304,9 @@ def _per_channel(name: str, value: float | Sequence[float], dtype: torch.dtype) 
     return array
 
 
-def _dense(starts: torch.Tensor, weights: torch.Tensor, extent: int, flip: torch.Tensor) -> torch.Tensor:
+def _dense(
+    starts: torch.Tensor, weights: torch.Tensor, extent: int, flip: torch.Tensor
+) -> torch.Tensor:
     """[N, size, extent] float64 matrices of one axis's taps (exact: fixed point scaled by a
     power of two); rows reversed where ``flip``."""
     n, size, k = weights.shape
@@ -335,13 +337,16 @@ def _resize_planes(
     Two matmuls batched over items (frames fold into the rows), vertical first, each rounded
     to 8 bits where the CPU rounds.
     """
-    h_col, w_col, r_col = (_LUMA_H, _LUMA_W, _LUMA_ROUND) if plane == 0 else (
-        _CHROMA_H,
-        _CHROMA_W,
-        _CHROMA_ROUND,
+    h_col, w_col, r_col = (
+        (_LUMA_H, _LUMA_W, _LUMA_ROUND)
+        if plane == 0
+        else (
+            _CHROMA_H,
+            _CHROMA_W,
+            _CHROMA_ROUND,
+        )
     )
     starts, weights = taps
-    n, t, s = planes.shape[0], planes.shape[1], job.size
     rows = int(job.geometry[:, h_col].max())
     columns = int(job.geometry[:, w_col].max())
     along_y = _dense(starts[:, plane, 0], weights[:, plane, 0], rows, geometry[:, _VFLIP].bool())
@@ -365,14 +370,18 @@ def _upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
 
 def _tables(
     job: _Job,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[
+    torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor
+]:
     """Geometry, taps (starts, weights), matrices [N, 3, 4], scale [3] and offset [3] on the
     job's device, in 2 copies."""
     device = job.frames.device
     floats = _upload(np.concatenate([job.matrices.ravel(), job.scale, job.offset]), device)
     end = job.items * 12
     matrices = floats[:end].view(job.items, 3, 4)
-    ints = _upload(np.concatenate([job.geometry.ravel(), job.starts.ravel(), job.weights.ravel()]), device)
+    ints = _upload(
+        np.concatenate([job.geometry.ravel(), job.starts.ravel(), job.weights.ravel()]), device
+    )
     g, st = job.geometry.size, job.starts.size
     geometry = ints[:g].view(job.geometry.shape)
     starts = ints[g : g + st].view(job.starts.shape)

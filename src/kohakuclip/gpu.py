@@ -107,7 +107,9 @@ if triton is not None:
         luma_weights = weights + item.to(tl.int64) * 4 * size * taps
         chroma_starts = luma_starts + 2 * size
         chroma_weights = luma_weights + 2 * size * taps
-        y = _sample_plane(luma, side, luma_starts, luma_weights, taps, luma_round, sy, sx, size, mask)
+        y = _sample_plane(
+            luma, side, luma_starts, luma_weights, taps, luma_round, sy, sx, size, mask
+        )
         u = _sample_plane(
             u_plane, half, chroma_starts, chroma_weights, taps, chroma_round, sy, sx, size, mask
         )
@@ -146,8 +148,8 @@ def convert(
     ``geometry``: int32 [N, 8] per item: luma window height, width, rounding (2: after each
     pass, 1: once at the end, 0: never), chroma window height, width, rounding, horizontal
     flip, vertical flip. ``starts`` / ``weights``: int32 [N, 2, 2, S] / [N, 2, 2, S, K], the
-    resize taps per item, plane (luma, chroma) and axis (rows, columns). ``matrices``: float32 [N, 12]
-    (3x4 row-major, on 8-bit values). ``scale`` / ``offset``: float32 [3], used for float
+    resize taps per item, plane (luma, chroma) and axis (rows, columns). ``matrices``: float32
+    [N, 12] (3x4 row-major, on 8-bit values). ``scale`` / ``offset``: float32 [3], used for float
     outputs (uint8 outputs are rounded instead). Frame ``f`` belongs to item ``f // per_item``.
     """
     if triton is None:

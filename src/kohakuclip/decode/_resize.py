@@ -102,7 +102,15 @@ def tmp_shape(src_shape: tuple[int, int], out_shape: tuple[int, int]) -> tuple[i
 
 
 @numba.njit(nogil=True, boundscheck=False, cache=True)
-def _transposed_pass(src, starts, weights, col0, ncols, out, flip):  # type: ignore[no-untyped-def]
+def _transposed_pass(
+    src: np.ndarray,
+    starts: np.ndarray,
+    weights: np.ndarray,
+    col0: int,
+    ncols: int,
+    out: np.ndarray,
+    flip: bool,
+) -> None:
     """``out[x, p] = round(sum_j weights[y, j] * src[starts[y] + j, col0 + x])`` for x < ncols,
     with ``p = y`` (``nout - 1 - y`` when ``flip``): the multiply-adds run along source rows,
     the stores go out a block of ``_BLOCK`` outputs at a time."""
@@ -143,7 +151,7 @@ def _transposed_pass(src, starts, weights, col0, ncols, out, flip):  # type: ign
 
 
 @numba.njit(nogil=True, boundscheck=False, cache=True)
-def _box2(src, dst, hflip, vflip):  # type: ignore[no-untyped-def]
+def _box2(src: np.ndarray, dst: np.ndarray, hflip: bool, vflip: bool) -> None:
     """2x2 box means rounded once (Pillow's ``reduce(2)``, OpenCV's area filter at 2x)."""
     oh, ow = dst.shape
     n = 2 * ow
@@ -164,7 +172,7 @@ def _box2(src, dst, hflip, vflip):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(nogil=True, boundscheck=False, cache=True)
-def _copy(src, dst, hflip, vflip):  # type: ignore[no-untyped-def]
+def _copy(src: np.ndarray, dst: np.ndarray, hflip: bool, vflip: bool) -> None:
     oh, ow = dst.shape
     last = np.uint64(ow - 1)
     for y in range(oh):
@@ -179,7 +187,17 @@ def _copy(src, dst, hflip, vflip):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(nogil=True, boundscheck=False, cache=True)
-def resize_window(src, hstarts, hweights, vstarts, vweights, tmp, dst, hflip, vflip):  # type: ignore[no-untyped-def]
+def resize_window(
+    src: np.ndarray,
+    hstarts: np.ndarray,
+    hweights: np.ndarray,
+    vstarts: np.ndarray,
+    vweights: np.ndarray,
+    tmp: np.ndarray,
+    dst: np.ndarray,
+    hflip: bool,
+    vflip: bool,
+) -> None:
     """Resize the 2-D uint8 window ``src`` (any strides) into ``dst`` (uint8 [H, W]), flipped.
 
     Args:

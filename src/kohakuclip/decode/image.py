@@ -4,11 +4,11 @@ JPEG goes through libjpeg-turbo (simplejpeg), shrunk in the DCT by 1/2, 1/4 or 1
 crop window stays at least as large as the output (``dct_scale``); AV1 (raw OBUs) through
 libdav1d, whose planes go to the shared YUV pixel path; everything else through Pillow. The
 window is resized with the shared antialiased filter (``decode._resize``), flipped as it is
-stored, and written in the layouts of ``decode.pixels.PixelWriter``: planar RGB, 4:2:0 planes resized to
-the output ("yuv_resized", flipped), or the window's planes at stored resolution in the top-left
-of a ``window`` square ("yuv", unflipped; the batch records crop and flips). RGB-decoded codecs
-give full-range BT.601 (JFIF) planes, AV1 its stored matrix. Each thread owns one decoder and
-its buffers; the heavy calls release the GIL.
+stored, and written in the layouts of ``decode.pixels.PixelWriter``: planar RGB, 4:2:0 planes
+resized to the output ("yuv_resized", flipped), or the window's planes at stored resolution in
+the top-left of a ``window`` square ("yuv", unflipped; the batch records crop and flips).
+RGB-decoded codecs give full-range BT.601 (JFIF) planes, AV1 its stored matrix. Each thread owns
+one decoder and its buffers; the heavy calls release the GIL.
 """
 
 from __future__ import annotations
