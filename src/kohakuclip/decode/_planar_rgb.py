@@ -104,11 +104,20 @@ def planar_rgb_box2(
         bottom = y16[y_row + 2 * r + 1, y_col : y_col + w]
         cb = u[c_row + r, c_col : c_col + w]
         cr = v[c_row + r, c_col : c_col + w]
-        for c in range(w):
-            a, b = top[c], bottom[c]
-            yy = np.float32((a & low) + (a >> shift) + (b & low) + (b >> shift)) * quarter
-            uu, vv = np.float32(cb[c]), np.float32(cr[c])
-            at = last - np.uint64(c) if hflip else np.uint64(c)
-            red[at] = _channel(r_row, yy, uu, vv)
-            green[at] = _channel(g_row, yy, uu, vv)
-            blue[at] = _channel(b_row, yy, uu, vv)
+        if hflip:
+            for c in range(w):
+                a, b = top[c], bottom[c]
+                yy = np.float32((a & low) + (a >> shift) + (b & low) + (b >> shift)) * quarter
+                uu, vv = np.float32(cb[c]), np.float32(cr[c])
+                at = last - np.uint64(c)
+                red[at] = _channel(r_row, yy, uu, vv)
+                green[at] = _channel(g_row, yy, uu, vv)
+                blue[at] = _channel(b_row, yy, uu, vv)
+        else:
+            for c in range(w):
+                a, b = top[c], bottom[c]
+                yy = np.float32((a & low) + (a >> shift) + (b & low) + (b >> shift)) * quarter
+                uu, vv = np.float32(cb[c]), np.float32(cr[c])
+                red[c] = _channel(r_row, yy, uu, vv)
+                green[c] = _channel(g_row, yy, uu, vv)
+                blue[c] = _channel(b_row, yy, uu, vv)
