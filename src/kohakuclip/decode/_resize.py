@@ -1,6 +1,6 @@
 """The one resize of every reader and finish: separable, antialiased, fused with the crop window.
 
-The filter, per axis (``resize_taps``):
+The filter, per axis (``taps``, compiled; ``resize_taps``, its cache for Python):
 
 - a shrink by an exact integer factor ``m >= 2`` (``in == m * out``) averages boxes of ``m``
   samples (the area filter; Pillow's ``reduce``);
@@ -39,9 +39,12 @@ _ONE = 1 << PRECISION_BITS
 _BLOCK = 32  # output rows per transposed store
 
 
-@functools.lru_cache(maxsize=1024)
-def resize_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+@numba.njit(nogil=True, cache=True)
+def taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
     """The taps of one axis: ``out[i] = sum_j weights[i, j] * src[starts[i] + j]`` (fixed point).
+
+    Compiled, so that compiled drivers can make them per clip; ``resize_taps`` caches them for
+    Python callers.
 
     Args:
         in_size: samples along the axis of the source window (>= 1).
@@ -51,49 +54,70 @@ def resize_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
         ``starts``: int32 [out_size], the first source sample of each output, with
         ``starts[i] + k <= in_size``; ``weights``: int32 [out_size, k], Pillow's fixed point
         (``PRECISION_BITS`` fraction bits, each row summing to about ``1 << PRECISION_BITS``),
-        zero-padded on the right; ``k`` is the widest row's tap count. Both are read-only
-        (cached: one pair per size pair).
+        zero-padded on the right; ``k`` is the widest row's tap count.
     """
     if in_size < 1 or out_size < 1:
-        raise ValueError(f"resize sizes must be positive, got {in_size} -> {out_size}")
+        raise ValueError("resize sizes must be positive")
     if in_size % out_size == 0 and in_size > out_size:
         factor = in_size // out_size
-        starts = np.arange(out_size, dtype=np.int64) * factor
-        fixed = np.full((out_size, factor), math.floor(0.5 + _ONE / factor), np.int64)
-        return _frozen(starts, fixed)
+        box_starts = np.arange(out_size).astype(np.int32) * np.int32(factor)
+        box = np.full((out_size, factor), np.int32(math.floor(0.5 + _ONE / factor)), np.int32)
+        return box_starts, box
     scale = in_size / out_size
     filterscale = max(scale, 1.0)
     support = filterscale  # the triangle's support is 1, widened by the shrink
     ksize = math.ceil(support) * 2 + 1
-    centre = (np.arange(out_size) + 0.5) * scale
-    xmin = np.maximum((centre - support + 0.5).astype(np.int64), 0)  # C truncation
-    xmax = np.minimum((centre + support + 0.5).astype(np.int64), in_size) - xmin
-    j = np.arange(ksize)
-    x = (j[None, :] + xmin[:, None] - centre[:, None] + 0.5) * (1.0 / filterscale)
-    weights = np.maximum(0.0, 1.0 - np.abs(x))
-    weights[j[None, :] >= xmax[:, None]] = 0.0
-    total = np.cumsum(weights, axis=1)[:, -1]  # summed in order, as Pillow does
-    weights /= np.where(total == 0.0, 1.0, total)[:, None]
-    fixed = np.floor(0.5 + weights * _ONE).astype(np.int64)
-    nonzero = fixed != 0
-    first = np.argmax(nonzero, axis=1)
-    last = ksize - 1 - np.argmax(nonzero[:, ::-1], axis=1)
-    k = int((last - first + 1).max())
-    starts = np.minimum(xmin + first, in_size - k)  # every row reads k samples inside the axis
-    packed = np.zeros((out_size, k), np.int64)
+    fixed = np.zeros((out_size, ksize), np.int64)
+    first = np.zeros(out_size, np.int64)
+    count = np.ones(out_size, np.int64)
+    xmins = np.zeros(out_size, np.int64)
+    row = np.zeros(ksize, np.float64)
     for i in range(out_size):
-        at = int(xmin[i] + first[i] - starts[i])
-        n = int(last[i] - first[i] + 1)
-        packed[i, at : at + n] = fixed[i, first[i] : first[i] + n]
-    return _frozen(starts, packed)
+        centre = (i + 0.5) * scale
+        xmin = max(int(centre - support + 0.5), 0)  # C truncation, as Pillow
+        xmax = min(int(centre + support + 0.5), in_size) - xmin
+        total = 0.0  # summed in order, as Pillow does
+        for j in range(xmax):
+            t = abs((j + xmin - centre + 0.5) * (1.0 / filterscale))
+            row[j] = 1.0 - t if t < 1.0 else 0.0
+            total += row[j]
+        lo, hi = -1, -1
+        for j in range(xmax):
+            w = row[j] / total if total != 0.0 else row[j]
+            fixed[i, j] = math.floor(0.5 + w * _ONE)
+            if fixed[i, j] != 0:
+                hi = j
+                if lo < 0:
+                    lo = j
+        xmins[i] = xmin
+        if lo >= 0:
+            first[i], count[i] = lo, hi - lo + 1
+    k = count.max()
+    starts = np.empty(out_size, np.int32)
+    weights = np.zeros((out_size, k), np.int32)
+    for i in range(out_size):
+        start = min(xmins[i] + first[i], in_size - k)  # every row reads k samples inside
+        starts[i] = start
+        at = xmins[i] + first[i] - start
+        for j in range(count[i]):
+            weights[i, at + j] = fixed[i, first[i] + j]
+    return starts, weights
 
 
-def _frozen(starts: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    s = starts.astype(np.int32)
-    w = weights.astype(np.int32)
-    s.flags.writeable = False
-    w.flags.writeable = False
-    return s, w
+@functools.lru_cache(maxsize=1024)
+def resize_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``taps(in_size, out_size)`` for Python callers: cached, one read-only pair per size pair.
+
+    Args:
+        in_size: samples along the axis of the source window (>= 1).
+        out_size: samples along the axis of the output (>= 1).
+    """
+    if in_size < 1 or out_size < 1:
+        raise ValueError(f"resize sizes must be positive, got {in_size} -> {out_size}")
+    starts, weights = taps(in_size, out_size)
+    starts.flags.writeable = False
+    weights.flags.writeable = False
+    return starts, weights
 
 
 def tmp_shape(src_shape: tuple[int, int], out_shape: tuple[int, int]) -> tuple[int, int]:
