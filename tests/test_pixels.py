@@ -107,7 +107,8 @@ def test_frame_planes_are_whole_rows_of_the_decoded_frame() -> None:
         np.random.default_rng(4).integers(0, 256, (3 * 30 // 2, 50), dtype=np.uint8),
         format="yuv420p",
     )
-    y, u, v = frame_planes(frame)
+    y, u, v, shifts = frame_planes(frame)
+    assert shifts == (1, 1)
     assert all(p.flags.c_contiguous for p in (y, u, v))
     assert y.shape[0] == 30 and y.shape[1] >= 50 and u.shape[0] == 15 and u.shape[1] >= 25
     packed = frame.to_ndarray()

@@ -3,11 +3,14 @@
 Data path: sources (``storage``) -> plan (``read.plan``) -> pool (``read.pool``) -> batch.
 """
 
+from kohakuclip.check import Problem, VerifyReport, verify
 from kohakuclip.read.image_reader import ImageBatch, ImageInfo, ImageReader, ImageReadError
 from kohakuclip.read.permute import permute
 from kohakuclip.read.pool import Pending
 from kohakuclip.read.reader import Batch, ClipError, Reader, VideoInfo
 from kohakuclip.read.sample import clip, random_frames
+from kohakuclip.sheet import contact_sheet
+from kohakuclip.summary import VideoSummary, describe
 from kohakuclip.write.images import encode_image, pack_images
 from kohakuclip.write.pack import pack
 from kohakuclip.write.video import encode
@@ -22,13 +25,19 @@ __all__ = [
     "ImageReadError",
     "ImageReader",
     "Pending",
+    "Problem",
     "Reader",
+    "VerifyReport",
     "VideoInfo",
+    "VideoSummary",
     "clip",
+    "contact_sheet",
+    "describe",
     "encode",
     "encode_image",
     "pack",
     "pack_images",
     "permute",
     "random_frames",
+    "verify",
 ]

@@ -129,3 +129,6 @@ AV1_DEPS_KEY = "av1deps"
 after the frame records, at the end of the index member. The table cannot be a member of its
 own: KohakuClip 1.0.0 counts every member but the index as a video, while it ignores both an
 unknown header key and bytes after the records."""
+
+SHARD_SUFFIXES = (".zip", ".tar")
+"""Archive sources; a folder holding these and no videos (images) is read as its shards."""

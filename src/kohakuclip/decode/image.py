@@ -23,6 +23,7 @@ from PIL import Image
 
 from kohakuclip.decode._resize import Resizer
 from kohakuclip.decode.pixels import Crop, PixelWriter, frame_planes, yuv420_planes
+from kohakuclip.decode.video import padded_packet
 from kohakuclip.formats import COLOR_BT709, COLOR_FULL_RANGE
 
 ImageMode = Literal["rgb", "yuv", "yuv_resized"]
@@ -31,6 +32,7 @@ JPEG_COLORSPACE = "bt601-full"
 """What RGB-decoded images report in the yuv modes: JPEG's own full-range BT.601 YCbCr."""
 
 _DCT_DENOMINATORS = (8, 4, 2)
+_PLANAR_JPEG = ("yuvj420p", "yuvj422p", "yuvj444p", "yuv420p", "yuv422p", "yuv444p", "gray")
 
 
 class ImageDecodeError(ValueError):
@@ -63,6 +65,18 @@ def dct_denominator(width: int, height: int, crop: Crop, side: int) -> int:
     return 1
 
 
+def scaled_window(width: int, height: int, crop: Crop, d: int) -> tuple[int, int, int, int]:
+    """The crop window (x, y, w, h) in a picture decoded at 1/``d`` of its stored size (the
+    decoder rounds sizes up), at least one pixel wide."""
+    if d == 1:
+        return crop.x, crop.y, crop.w, crop.h
+    sx, sy = -(-width // d) / width, -(-height // d) / height
+    x0, y0 = round(crop.x * sx), round(crop.y * sy)
+    x1 = max(round((crop.x + crop.w) * sx), x0 + 1)
+    y1 = max(round((crop.y + crop.h) * sy), y0 + 1)
+    return x0, y0, x1 - x0, y1 - y0
+
+
 class ImageDecoder:
     """One thread's decoders and buffers for one output mode and side."""
 
@@ -79,6 +93,7 @@ class ImageDecoder:
         self._window_ycrcb = np.empty(0, np.uint8)
         self._planes = PixelWriter(size, mode, window)
         self._av1: Any = None  # libdav1d CodecContext, made on first use
+        self._mjpeg: dict[int, Any] = {}  # lowres -> MJPEG CodecContext
 
     # -- sizes -------------------------------------------------------------------------------
     def probe(self, data: bytes, codec: str) -> tuple[int, int]:
@@ -124,14 +139,62 @@ class ImageDecoder:
                 raise ImageDecodeError("decoded size differs from the index")
             colorspace = "bt709" if color & COLOR_BT709 else "bt601"
             full = bool(color & COLOR_FULL_RANGE)
-            self._planes.write(frame_planes(frame), crop, hflip, vflip, colorspace, full, dst)
+            y, u, v, shifts = frame_planes(frame)
+            self._planes.write((y, u, v), crop, hflip, vflip, colorspace, full, dst, shifts)
             return f"{colorspace}-full" if full else colorspace
-        rgb = self._decode_rgb(data, codec, width, height, crop, dct_scale and self.mode != "yuv")
+        scaling = dct_scale and self.mode != "yuv"
+        if codec == "jpeg" and self._write_jpeg_planes(
+            data, width, height, crop, hflip, vflip, scaling, dst
+        ):
+            return "rgb" if self.mode == "rgb" else JPEG_COLORSPACE
+        rgb = self._decode_rgb(data, codec, width, height, crop, scaling)
         if self.mode == "yuv":
             self._window_planes(rgb, dst)
         else:
             self._finish_rgb(rgb, hflip, vflip, dst)
         return "rgb" if self.mode == "rgb" else JPEG_COLORSPACE
+
+    def _write_jpeg_planes(
+        self,
+        data: bytes,
+        width: int,
+        height: int,
+        crop: Crop,
+        hflip: bool,
+        vflip: bool,
+        scaling: bool,
+        dst: np.ndarray,
+    ) -> bool:
+        """A JPEG through libavcodec's decoder (shrunk in the DCT with ``lowres``), its YCbCr
+        planes to the shared pixel path: what the compiled JPEG path does, the same bytes.
+        False for what it cannot give as 8-bit planes (CMYK, 12-bit)."""
+        import av
+
+        d = dct_denominator(width, height, crop, self.size) if scaling else 1
+        lowres = d.bit_length() - 1
+        ctx = self._mjpeg.get(lowres)
+        if ctx is None:
+            ctx = self._mjpeg[lowres] = av.CodecContext.create("mjpeg", "r")
+            ctx.thread_count = 1
+            ctx.options = {"lowres": str(lowres), "err_detect": "explode"}  # as _avcodec
+        try:
+            frames = ctx.decode(padded_packet(data)) + ctx.decode(None)
+        except av.FFmpegError as e:
+            raise ImageDecodeError(f"libavcodec cannot decode it ({e})") from None
+        finally:
+            ctx.flush_buffers()
+        if not frames:
+            raise ImageDecodeError("libavcodec produced no picture")
+        frame = frames[0]
+        if frame.format.name not in _PLANAR_JPEG:
+            return False
+        if (frame.width, frame.height) != (-(-width // d), -(-height // d)):
+            raise ImageDecodeError("decoded size differs from the index")
+        y, u, v, shifts = frame_planes(frame)
+        x0, y0, w, h = scaled_window(width, height, crop, d)
+        window = Crop(x0, y0, w, h)
+        self._planes.write((y, u, v), window, hflip, vflip, "bt601", True, dst, shifts)
+        return True
 
     def _decode_rgb(
         self, data: bytes, codec: str, width: int, height: int, crop: Crop, dct_scale: bool
@@ -218,7 +281,7 @@ class ImageDecoder:
             self._av1.thread_count = 1
         ctx = self._av1
         try:
-            frames = ctx.decode(av.Packet(data))
+            frames = ctx.decode(padded_packet(data))
             if not frames:
                 frames = ctx.decode(None)
         except av.FFmpegError as e:

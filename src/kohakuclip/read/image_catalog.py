@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from kohakuclip.formats import IMAGE_CODECS
+from kohakuclip.formats import IMAGE_CODECS, SHARD_SUFFIXES
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.read.image_manifest import ImageManifest
@@ -65,11 +65,25 @@ class _Source:
     gulp: GulpIndex | None = None
 
 
+def _expand_shard_folders(sources: list[str]) -> list[str]:
+    """Sources with each folder that holds shards but no images replaced by its shards
+    (e.g. kohakuclip-write-images' output)."""
+    out = []
+    for path in map(os.fspath, sources):
+        plain = os.path.isdir(path) and not is_gulp_directory(path)
+        shards = list_folder(path, SHARD_SUFFIXES) if plain else []
+        if shards and not list_folder(path, IMAGE_SUFFIXES):
+            out += [os.path.join(path, name) for name in shards]
+        else:
+            out.append(path)
+    return out
+
+
 class ImageCatalog:
     """Image ids ``0 .. len-1`` over the sources, in source order."""
 
     def __init__(self, sources: list[str], use_index: bool = True) -> None:
-        self.sources = [self._open(os.fspath(p), use_index) for p in sources]
+        self.sources = [self._open(p, use_index) for p in _expand_shard_folders(sources)]
         counts = np.array([s.count for s in self.sources], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self._lock = threading.Lock()

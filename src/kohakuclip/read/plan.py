@@ -50,8 +50,15 @@ class ClipPlan:
         return sum(r.length for r in self.reads)
 
 
-def plan_clip(track: VideoTrack, frames: list[int] | np.ndarray, skip: Skip = True) -> ClipPlan:
-    """Plan the reads and decoder input for display-order ``frames`` of ``track``."""
+def plan_clip(
+    track: VideoTrack, frames: list[int] | np.ndarray, skip: Skip = True, reach_back: int = 0
+) -> ClipPlan:
+    """Plan the reads and decoder input for display-order ``frames`` of ``track``.
+
+    ``reach_back``: start decoding that many keyframes earlier than needed. An H.264 sync
+    sample that is not an IDR picture (a recovery point without the SEI) may leave later
+    frames referencing pictures before it, which the decoder then drops: the reader retries
+    such clips from an earlier keyframe."""
     wanted_display = np.asarray(frames, dtype=np.int64)
     n = track.n
     if wanted_display.size == 0:
@@ -78,6 +85,7 @@ def plan_clip(track: VideoTrack, frames: list[int] | np.ndarray, skip: Skip = Tr
         # GOP, so decoding starts one keyframe earlier for it.
         leading = track.display[wanted_decode] < track.display[keys[gop]]
         gop = np.where(leading & (gop > 0), gop - 1, gop)
+    gop = np.maximum(gop - reach_back, 0)
     gop_start = keys[gop]
     reads = []
     packets = decoded = 0

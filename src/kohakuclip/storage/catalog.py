@@ -25,6 +25,7 @@ from kohakuclip.formats import (
     FLAG_KEYFRAME,
     FRAME_RECORD,
     INDEX_MEMBER,
+    SHARD_SUFFIXES,
     VIDEO_INDEX_MAGIC,
     VideoEntry,
 )
@@ -78,6 +79,9 @@ class VideoTrack:
     # per sample (and one past the last), the row of its first AV1_FRAME_RECORD
     av1_rows: np.ndarray | None = None
     n: int = 0  # frames shown
+    # the mp4 sample entry's decoder configuration (av1C / avcC / hvcC / vpcC payload, mpeg4's
+    # VOL headers): the extradata of codecs the PyAV fallback decodes without a prefix
+    config: bytes = b""
 
     def __post_init__(self) -> None:
         self.key_positions = np.flatnonzero(self.keyframe)
@@ -145,13 +149,23 @@ class Catalog:
         if os.path.isdir(path):
             from kohakuclip.storage.folder import list_folder
 
+            names = list_folder(path, VIDEO_SUFFIXES)
+            shards = [] if names else list_folder(path, SHARD_SUFFIXES)
+            if shards:  # a folder of shards, e.g. kohakuclip-write's output
+                for name in shards:
+                    self._add_source(os.path.join(path, name))
+                return
             sid = len(self.sources)
             self.sources.append(_Source(path, "folder"))
-            names = list_folder(path, VIDEO_SUFFIXES)
             self.videos.extend(VideoRef(sid, name) for name in names)
             return
         if not os.path.exists(path):
             raise SourceError(f"{path}: no such file or directory")
+        if path.lower().endswith(VIDEO_SUFFIXES):  # one video file: a folder of one
+            sid = len(self.sources)
+            self.sources.append(_Source(os.path.dirname(path) or ".", "folder"))
+            self.videos.append(VideoRef(sid, os.path.basename(path)))
+            return
         kind = "tar" if path.endswith(".tar") else "zip"
         src = _Source(path, kind)
         sid = len(self.sources)
@@ -360,7 +374,7 @@ class Catalog:
             colorspace=mp4.matrix or ("bt709" if min(mp4.width, mp4.height) >= 720 else "bt601"),
             full_range=bool(mp4.full_range),
             prefix=bytes(mp4.prefix),
-            nal_length_size=0 if mp4.codec == "av1" else int(mp4.nal_length_size),
+            nal_length_size=int(mp4.nal_length_size),
             path=path,
             offsets=np.asarray(mp4.offsets, dtype=np.uint64),
             sizes=sizes,
@@ -368,6 +382,7 @@ class Catalog:
             keyframe=np.asarray(mp4.keyframes, dtype=bool),
             display=np.asarray(mp4.display, dtype=np.int64),
             av1_frames=None if deps is None else deps.frames,
+            config=bytes(mp4.config),
         )
 
     def _analyze_av1(self, fd: int, mp4: Any, where: str) -> Av1Deps | None:
