@@ -20,6 +20,7 @@ from PIL import Image
 
 from kohakuclip.codecs.annexb import AnnexBError, to_annexb
 from kohakuclip.decode import _avcodec
+from kohakuclip.decode.video import padded_packet
 from kohakuclip.decode._avcodec import (
     AGAIN,
     CORRUPT,
@@ -82,11 +83,11 @@ def _pyav(codec: str, packets: list[tuple[bytes, int]], lowres: int = 0) -> list
     """PyAV decoding whole packets (drained): its frames, in output order."""
     ctx: Any = av.CodecContext.create(codec, "r")
     ctx.thread_count = 1
-    if lowres:
-        ctx.options = {"lowres": str(lowres)}
+    if codec == "mjpeg":  # as AvcodecDecoder opens it
+        ctx.options = {"lowres": str(lowres), "err_detect": "explode"}
     frames = []
     for data, pts in packets:
-        packet = av.Packet(data)
+        packet = padded_packet(data)
         packet.pts = pts
         frames += ctx.decode(packet)
     return frames + ctx.decode(None)

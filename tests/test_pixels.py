@@ -115,3 +115,17 @@ def test_frame_planes_are_whole_rows_of_the_decoded_frame() -> None:
     np.testing.assert_array_equal(y[:, :50], packed[:30])
     np.testing.assert_array_equal(u[:, :25].ravel(), packed[30:].ravel()[: 15 * 25])
     np.testing.assert_array_equal(v[:, :25].ravel(), packed[30:].ravel()[15 * 25 :])
+
+
+def test_frame_planes_of_full_chroma_and_gray_frames() -> None:
+    rng = np.random.default_rng(5)
+    planes = rng.integers(0, 256, (3, 20, 30), dtype=np.uint8)
+    frame = av.VideoFrame.from_ndarray(planes.transpose(1, 2, 0), format="yuv444p")
+    y, u, v, shifts = frame_planes(frame)
+    assert shifts == (0, 0)
+    for got, want in zip((y, u, v), planes):
+        np.testing.assert_array_equal(got[:20, :30], want)
+    y, u, v, shifts = frame_planes(av.VideoFrame.from_ndarray(planes[0], format="gray"))
+    assert shifts == (0, 0)
+    np.testing.assert_array_equal(y[:20, :30], planes[0])
+    assert (u == 128).all() and (v == 128).all() and u.shape == y.shape
