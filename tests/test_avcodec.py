@@ -20,7 +20,6 @@ from PIL import Image
 
 from kohakuclip.codecs.annexb import AnnexBError, to_annexb
 from kohakuclip.decode import _avcodec
-from kohakuclip.decode.video import padded_packet
 from kohakuclip.decode._avcodec import (
     AGAIN,
     CORRUPT,
@@ -44,6 +43,7 @@ from kohakuclip.decode._avcodec import (
     receive_frame,
     send_packet,
 )
+from kohakuclip.decode.video import padded_packet
 from kohakuclip.mp4.moov import parse_mp4_bytes
 
 Frame = tuple[int, tuple[np.ndarray, ...]]

@@ -120,7 +120,7 @@ def test_frame_planes_are_whole_rows_of_the_decoded_frame() -> None:
 def test_frame_planes_of_full_chroma_and_gray_frames() -> None:
     rng = np.random.default_rng(5)
     planes = rng.integers(0, 256, (3, 20, 30), dtype=np.uint8)
-    frame = av.VideoFrame.from_ndarray(planes.transpose(1, 2, 0), format="yuv444p")
+    frame = av.VideoFrame.from_ndarray(planes, format="yuv444p")
     y, u, v, shifts = frame_planes(frame)
     assert shifts == (0, 0)
     for got, want in zip((y, u, v), planes):
