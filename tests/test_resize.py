@@ -220,8 +220,8 @@ def real_luma() -> np.ndarray:
 
 def test_real_footage_405_to_256_is_close_to_the_area_filter(real_luma: np.ndarray) -> None:
     """1080p camera footage stored at short side 405 (the writer's area scaler), its short-side
-    square shrunk to 256 (1.58x): measured 53.5 dB against exact area averaging here (plain
-    bilinear, the old video path: 51.4)."""
+    square shrunk to 256 (1.58x): measured 58.5 dB against exact area averaging on this (smooth)
+    first frame; plain bilinear, the old video path, 58.0 (47.3 against 44.8 on Big Buck Bunny)."""
     h, w = real_luma.shape
     stored = cv2.resize(real_luma, (round(w * 405 / h), 405), interpolation=cv2.INTER_AREA)
     x = (stored.shape[1] - 405) // 2 & ~1
