@@ -1,8 +1,10 @@
 """Decode one stored image straight into its slot of a batch: crop window, resize, flips, mode.
 
-JPEG goes through libjpeg-turbo (simplejpeg), shrunk in the DCT by 1/2, 1/4 or 1/8 when the
-crop window stays at least as large as the output (``dct_scale``); AV1 (raw OBUs) through
-libdav1d, whose planes go to the shared YUV pixel path; everything else through Pillow. The
+JPEG goes through libavcodec's MJPEG decoder (PyAV), shrunk in the DCT by 1/2, 1/4 or 1/8
+(``lowres``) when the crop window stays at least as large as the output (``dct_scale``), its
+YCbCr planes to the shared pixel path: the same bytes as the compiled share path of
+``read.image_reader``, whose twin this is. AV1 (raw OBUs) goes through libdav1d, whose planes
+take the same path; CMYK JPEGs (libjpeg-turbo, simplejpeg) and everything else through Pillow. The
 window is resized with the shared antialiased filter (``decode._resize``), flipped as it is
 stored, and written in the layouts of ``decode.pixels.PixelWriter``: planar RGB, 4:2:0 planes
 resized to the output ("yuv_resized", flipped), or the window's planes at stored resolution in
