@@ -206,3 +206,55 @@ def test_reach_back_starts_decoding_keyframes_earlier(sources: Sources) -> None:
         assert [p.reads[0].offset for p in plans] == [int(track.offsets[k]) for k in keys[2::-1]]
         assert plans[0].reads[0].length < plans[1].reads[0].length < plans[2].reads[0].length
         assert plan_clip(track, [0], False, 5).reads[0].offset == int(track.offsets[0])
+
+
+GIL_CHILD = r"""
+import json, sys
+sys.path.insert(0, BENCH)
+from _gil_count import GilCounter, difference
+from kohakuclip import ImageReader, Reader
+counter = GilCounter()
+out = {}
+for name, make, draw in (
+    ("h26x", lambda: Reader(FOLDER, size=32, threads=2), lambda r, k: r.sample(16, 4, seed=k)),
+    ("images", lambda: ImageReader(IMAGES, size=32, threads=2), lambda r, k: r.sample(64, seed=k)),
+):
+    with make() as reader:
+        reader.read(draw(reader, 0))  # threads started, numba loaded
+        before = counter.takes()
+        for k in range(1, 5):
+            reader.read(draw(reader, k))
+        takes = counter.by_name(difference(counter.takes(), before))
+    out[name] = sum(v for k, v in takes.items() if k.startswith("kohakuclip-"))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc missing: the GIL counter needs it")
+def test_a_share_takes_the_gil_a_few_times_not_per_clip(sources: Sources, tmp_path) -> None:
+    """4 batches of 16 clips (64 images) on 2 threads: a handful of GIL takes per share, where
+    per-packet or per-frame Python would take it hundreds of times."""
+    import json
+    import subprocess
+    import sys
+
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    sys.path.insert(0, bench)
+    import _gil_count
+
+    lib = _gil_count.build(str(tmp_path))
+    code = (
+        f"BENCH, FOLDER, IMAGES = {bench!r}, {sources.folder!r}, {sources.images!r}\n" + GIL_CHILD
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_gil_count.preload_env(lib),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    takes = json.loads(proc.stdout.strip().splitlines()[-1])
+    shares = 4 * 2
+    assert takes["h26x"] <= 4 * shares, takes  # 64 clips, 320 packets
+    assert takes["images"] <= 4 * shares, takes  # 256 images

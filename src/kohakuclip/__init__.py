@@ -9,9 +9,11 @@ from kohakuclip.read.permute import permute
 from kohakuclip.read.pool import Pending
 from kohakuclip.read.reader import Batch, ClipError, Reader, VideoInfo
 from kohakuclip.read.sample import clip, random_frames
+from kohakuclip.read.stream import SampleStream
 from kohakuclip.sheet import contact_sheet
 from kohakuclip.summary import VideoSummary, describe
 from kohakuclip.write.images import encode_image, pack_images
+from kohakuclip.write.merge import MergeError, merge
 from kohakuclip.write.pack import pack
 from kohakuclip.write.video import encode
 
@@ -24,9 +26,11 @@ __all__ = [
     "ImageInfo",
     "ImageReadError",
     "ImageReader",
+    "MergeError",
     "Pending",
     "Problem",
     "Reader",
+    "SampleStream",
     "VerifyReport",
     "VideoInfo",
     "VideoSummary",
@@ -35,6 +39,7 @@ __all__ = [
     "describe",
     "encode",
     "encode_image",
+    "merge",
     "pack",
     "pack_images",
     "permute",

@@ -1,4 +1,4 @@
-"""``kohakuclip``: the package's command line (``demo``, ``inspect``, ``verify``)."""
+"""``kohakuclip``: the package's command line (``demo``, ``inspect``, ``verify``, ``merge``)."""
 
 from __future__ import annotations
 
@@ -123,6 +123,23 @@ def verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def merge_command(args: argparse.Namespace) -> int:
+    """Write the dataset view over every part in a folder."""
+    from kohakuclip.write.merge import MergeError, merge
+
+    try:
+        result = merge(args.out)
+    except (MergeError, OSError) as e:
+        print(f"kohakuclip merge: error: {e}", file=sys.stderr)
+        return 2
+    unit = "videos" if result.kind == "video" else "images"
+    print(
+        f"{result.count} {unit} in {result.shards} shards ({result.bytes / 1e6:.1f} MB) from "
+        f"{result.parts} part(s): {result.view}"
+    )
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kohakuclip", description="kohakuclip tools")
     commands = p.add_subparsers(dest="command", required=True)
@@ -157,6 +174,14 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=0, help="picks the sampled frames")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     v.set_defaults(run=verify)
+
+    m = commands.add_parser(
+        "merge",
+        help="write the dataset view (dataset.json, manifest.parquet, skipped.jsonl) over every "
+        "part written into a folder",
+    )
+    m.add_argument("out", help="the folder the parts wrote into")
+    m.set_defaults(run=merge_command)
     return p
 
 

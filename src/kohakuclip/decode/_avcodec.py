@@ -642,7 +642,8 @@ def _pyav_frames(
     for data, pts in [*packets, (b"", 0)]:
         packet = None
         if data:
-            packet = av.Packet(data)
+            packet = av.Packet(len(data))  # a padded copy (see video.padded_packet)
+            packet.update(data)
             packet.pts = pts
         for frame in ctx.decode(packet):
             arrays = []

@@ -476,7 +476,7 @@ class ShareTables:
     remote: list[tuple[Any, int]] = field(default_factory=list)  # (object, gops row) to fetch
     fetched: np.ndarray = field(default_factory=lambda: np.zeros(1, np.uint8))
     longest_read: int = 0
-    tallest: int = 0
+    longest: int = 0  # the longest side of any crop window: rows of the resize scratch
     gray: tuple[int, int] = (1, 1)  # (height, width) a neutral chroma plane must cover
     _matrix_rows: dict[bytes, int] = field(default_factory=dict)
     _prefix_rows: dict[bytes, tuple[int, int]] = field(default_factory=dict)
@@ -526,7 +526,7 @@ class ShareTables:
             self.targets.append((display, len(self.positions), len(self.positions) + len(where)))
             self.positions.extend(where)
         row[TARGET_END] = len(self.targets)
-        self.tallest = max(self.tallest, crop[3])
+        self.longest = max(self.longest, crop[2], crop[3])
         self.clips.append(row)
         self.slots.append(slot)
 
@@ -573,7 +573,7 @@ class ShareTables:
             "prefixes": np.frombuffer(b"".join(self.prefixes) or b"\0", np.uint8),
             "matrices": np.array(self.matrices, np.float32).reshape(-1, 3, 4),
             "scratch": (
-                np.empty((max(self.tallest, 2), max(s, self.window)), np.uint8),
+                np.empty((max(self.longest, 2), max(s, self.window)), np.uint8),
                 np.empty((s, s), np.uint8),
                 np.empty((s, s), np.uint8),
                 np.empty((s, s), np.uint8),

@@ -2,7 +2,9 @@
 
 The same function serves the compiled clip drivers (``_clips``) and the PyAV path
 (``pixels.PixelWriter``), so both give the same bytes: crop window, antialiased resize
-(``_resize``), colour conversion (``_planar_rgb``) and flips, straight into the batch.
+(``_resize``), colour conversion (``_planar_rgb``) and flips, straight into the batch. Flips
+cost nothing: the resize and the conversion store their rows and columns mirrored. A luma
+window of exactly twice the output (the filter's 2x2 box) is averaged inside the conversion.
 
 Modes (``MODES``): ``rgb`` planar [3, S, S]; ``yuv_resized`` packed 4:2:0 at S (chroma at
 ceil(S/2)); ``yuv`` the stored-resolution window packed 4:2:0 in a ``window`` square, unflipped.
@@ -13,35 +15,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kohakuclip.decode._planar_rgb import planar_rgb
+from kohakuclip.decode._planar_rgb import planar_rgb, planar_rgb_box2
 from kohakuclip.decode._resize import resize_window, taps
 
 MODES = ("rgb", "yuv_resized", "yuv")
 RGB, YUV_RESIZED, YUV = 0, 1, 2
-
-
-@numba.njit(inline="always")
-def _reverse_rows(plane: np.ndarray) -> None:
-    """Mirror each row in place (horizontal flip)."""
-    w = plane.shape[1]
-    for r in range(plane.shape[0]):
-        row = plane[r]
-        for c in range(w // 2):
-            a = row[c]
-            row[c] = row[w - 1 - c]
-            row[w - 1 - c] = a
-
-
-@numba.njit(inline="always")
-def _reverse_columns(plane: np.ndarray) -> None:
-    """Swap rows top to bottom in place (vertical flip)."""
-    h, w = plane.shape
-    for r in range(h // 2):
-        top, bottom = plane[r], plane[h - 1 - r]
-        for c in range(w):
-            a = top[c]
-            top[c] = bottom[c]
-            bottom[c] = a
 
 
 @numba.njit(inline="always")
@@ -94,8 +72,8 @@ def write_frame(
     hflip, vflip, chroma shift x, chroma shift y] in luma pixels (1, 1 for 4:2:0; x, y even
     there); ``matrix``: float32 3x4 (rgb mode); ``taps`` / ``chroma_taps``: (h starts,
     h weights, v starts, v weights) of the luma window to the output and of the chroma window
-    to ``chroma_output``; ``scratch``: (tmp [max window rows, max(S, window)], y, u, v [S, S])
-    uint8 buffers of the caller.
+    to ``chroma_output``; ``scratch``: (tmp [longest window side, max(S, window)], y, u, v
+    [S, S]) uint8 buffers of the caller (tmp: ``_resize.tmp_shape`` of every resize here).
     """
     x0, y0, w, h = crop[0], crop[1], crop[2], crop[3]
     hflip, vflip = crop[4] != 0, crop[5] != 0
@@ -111,32 +89,30 @@ def write_frame(
     s = size
     if mode == RGB:
         out = dst.reshape((3, s, s))
-        if w == s and h == s:
-            plane_y, row_y, col_y = y, y0, x0
-        else:
-            resize_window(luma, taps[0], taps[1], taps[2], taps[3], tmp[:h, :s], ybuf)
-            plane_y, row_y, col_y = ybuf, 0, 0
         if cw == s and ch == s:
             plane_u, plane_v, row_c, col_c = u, v, cy, cx
         else:
-            resize_window(cb, t[0], t[1], t[2], t[3], tmp[:ch, :s], ubuf)
-            resize_window(cr, t[0], t[1], t[2], t[3], tmp[:ch, :s], vbuf)
+            resize_window(cb, t[0], t[1], t[2], t[3], tmp[:cw, :s], ubuf, False, False)
+            resize_window(cr, t[0], t[1], t[2], t[3], tmp[:cw, :s], vbuf, False, False)
             plane_u, plane_v, row_c, col_c = ubuf, vbuf, 0, 0
-        planar_rgb(plane_y, row_y, col_y, plane_u, plane_v, row_c, col_c, matrix, vflip, out)
-        if hflip:
-            for k in range(3):
-                _reverse_rows(out[k])
+        if w == 2 * s and h == 2 * s and x0 % 2 == 0 and y.shape[1] % 2 == 0:
+            y16 = y.view(np.uint16)  # pixel pairs, so the box's loads stay contiguous
+            planar_rgb_box2(
+                y16, y0, x0 // 2, plane_u, plane_v, row_c, col_c, matrix, vflip, hflip, out
+            )
+            return
+        if w == s and h == s:
+            plane_y, row_y, col_y = y, y0, x0
+        else:
+            resize_window(luma, taps[0], taps[1], taps[2], taps[3], tmp[:w, :s], ybuf, False, False)
+            plane_y, row_y, col_y = ybuf, 0, 0
+        planar_rgb(plane_y, row_y, col_y, plane_u, plane_v, row_c, col_c, matrix, vflip, hflip, out)
     elif mode == YUV_RESIZED:
         out_y, out_u, out_v = _packed_planes(dst, s)
         sc = out_u.shape[0]
-        resize_window(luma, taps[0], taps[1], taps[2], taps[3], tmp[:h, :s], out_y)
-        resize_window(cb, t[0], t[1], t[2], t[3], tmp[:ch, :sc], out_u)
-        resize_window(cr, t[0], t[1], t[2], t[3], tmp[:ch, :sc], out_v)
-        for plane in (out_y, out_u, out_v):
-            if hflip:
-                _reverse_rows(plane)
-            if vflip:
-                _reverse_columns(plane)
+        resize_window(luma, taps[0], taps[1], taps[2], taps[3], tmp[:w, :s], out_y, hflip, vflip)
+        resize_window(cb, t[0], t[1], t[2], t[3], tmp[:cw, :sc], out_u, hflip, vflip)
+        resize_window(cr, t[0], t[1], t[2], t[3], tmp[:cw, :sc], out_v, hflip, vflip)
     else:
         out_y, out_u, out_v = _packed_planes(dst, window)
         out_y[:h, :w] = luma
@@ -145,5 +121,5 @@ def write_frame(
             out_v[:ch, :cw] = cr
         else:  # 4:2:2, 4:4:4 (JPEG) stored as 4:2:0
             oh, ow = (h + 1) // 2, (w + 1) // 2
-            resize_window(cb, t[0], t[1], t[2], t[3], tmp[:ch, :ow], out_u[:oh, :ow])
-            resize_window(cr, t[0], t[1], t[2], t[3], tmp[:ch, :ow], out_v[:oh, :ow])
+            resize_window(cb, t[0], t[1], t[2], t[3], tmp[:cw, :oh], out_u[:oh, :ow], False, False)
+            resize_window(cr, t[0], t[1], t[2], t[3], tmp[:cw, :oh], out_v[:oh, :ow], False, False)

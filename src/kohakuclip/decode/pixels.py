@@ -1,9 +1,10 @@
 """Turn a decoded YUV frame into output pixels: crop window, resize, colour conversion, flips.
 
-The crop window is resized plane by plane (only the window is read; OpenCV), then converted with
-the video's own matrix and range straight into the planar output (``_planar_rgb``, numba). A
-window that already has the output size, or exactly twice it in luma (a 2x2 box), goes to the
-conversion as it is. Every step releases the GIL and writes into reused buffers.
+The work is ``_frame.write_frame`` (numba, no GIL), shared with the compiled clip drivers: the
+crop window resized plane by plane with the one antialiased filter (``_resize``: only the window
+is read), converted with the video's own matrix and range straight into the planar output
+(``_planar_rgb``), flipped where the pixels are stored. This module holds the Python side:
+matrices, crops, packed layouts, and the per-thread buffers for frames PyAV decoded.
 """
 
 from __future__ import annotations
@@ -69,21 +70,6 @@ def square_crop(width: int, height: int, rng: np.random.Generator | None) -> Cro
 Taps = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
-def resize_plane(src: np.ndarray, dst: np.ndarray) -> None:
-    """Antialiased resize of ``src`` into ``dst``: box prefilter by the integer part of a >=2x
-    shrink, then bilinear (OpenCV's area filter is only fast at integer ratios)."""
-    h, w = src.shape
-    oh, ow = dst.shape
-    k = min(h // oh, w // ow)
-    if k >= 2:
-        hk, wk = h - h % k, w - w % k
-        if hk // k == oh and wk // k == ow:
-            cv2.resize(src[:hk, :wk], (ow, oh), dst=dst, interpolation=cv2.INTER_AREA)
-            return
-        src = cv2.resize(src[:hk, :wk], (wk // k, hk // k), interpolation=cv2.INTER_AREA)
-    cv2.resize(src, (ow, oh), dst=dst, interpolation=cv2.INTER_LINEAR)
-
-
 _SHIFTS = {
     "yuv420p": (1, 1),
     "yuvj420p": (1, 1),
@@ -122,11 +108,6 @@ def frame_planes(frame: object) -> Planes:
     )
 
 
-def _chroma_window(c: np.ndarray, crop: Crop) -> np.ndarray:
-    x0, y0 = crop.x // 2, crop.y // 2
-    return c[y0 : (crop.y + crop.h + 1) // 2, x0 : (crop.x + crop.w + 1) // 2]
-
-
 def yuv420_planes(flat: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Views of the Y (side x side) and U, V (ceil(side/2) squared) planes packed in ``flat``."""
     c = (side + 1) // 2
@@ -140,10 +121,6 @@ def yuv420_frame_bytes(side: int) -> int:
     """Bytes of one packed 4:2:0 frame of ``side`` x ``side`` pixels."""
     c = (side + 1) // 2
     return side * side + 2 * c * c
-
-
-def _flip_code(hflip: bool, vflip: bool) -> int:
-    return -1 if hflip and vflip else (1 if hflip else 0)
 
 
 class PixelWriter:
@@ -162,7 +139,7 @@ class PixelWriter:
         self.window = window
         self._matrices: dict[tuple[str, bool], np.ndarray] = {}
         self._taps: dict[tuple[int, ...], tuple[Taps, Taps]] = {}
-        self._scratch: Taps | None = None  # tmp [rows, S], y, u, v [S, S]
+        self._scratch: Taps | None = None  # tmp [window's longest side, S], y, u, v [S, S]
 
     @staticmethod
     def frame_shape(size: int, mode: OutputMode, window: int = 512) -> tuple[int, ...]:
@@ -195,7 +172,7 @@ class PixelWriter:
         from kohakuclip.decode._frame import MODES, frame_taps, write_frame
 
         s = self.size
-        rows = max(crop.h, 2)
+        rows = max(crop.w, crop.h, 2)
         if self._scratch is None or self._scratch[0].shape[0] < rows:
             square = (s, s)
             self._scratch = (

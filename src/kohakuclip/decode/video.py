@@ -3,12 +3,14 @@
 AV1 goes to libdav1d with the sequence header in front of each GOP when the keyframe lacks one
 (8-bit 4:2:0 streams straight through its C API, ``_dav1d``; others through PyAV); H.264 / HEVC
 samples are turned into Annex B with the parameter sets in front of each GOP, so one decoder
-serves every video. Packets carry their display index as timestamp, so outputs map back to
-wanted frames whatever the decode order.
+serves every video. Every other codec (vp9, mpeg4) goes through PyAV with the sample entry's
+configuration as extradata, one decoder per configuration (a few kept per thread). Packets carry
+their display index as timestamp, so outputs map back to wanted frames whatever the decode order.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from functools import cache
 from time import thread_time
@@ -23,7 +25,19 @@ from kohakuclip.read.plan import ClipPlan, GopRead
 from kohakuclip.storage.catalog import VideoTrack
 
 ReadAt = Callable[[int, int], "bytes | memoryview"]  # (offset, length) -> bytes
-_DECODERS = {"av1": "libdav1d", "h264": "h264", "hevc": "hevc"}
+_DECODERS = {"av1": "libdav1d", "h264": "h264", "hevc": "hevc", "vp9": "vp9", "mpeg4": "mpeg4"}
+_PREFIXED = ("av1", "h264", "hevc")
+"""Codecs whose configuration goes in-band in front of each GOP: one decoder serves all videos."""
+_CONFIGURED = 4
+"""Decoders kept per thread for the other codecs (one per configuration, least recent dropped)."""
+
+
+def padded_packet(data: bytes | memoryview) -> av.Packet:
+    """A packet owning a copy of ``data`` followed by the zero padding decoders read past the
+    end (``av.Packet(buffer)`` would point into the buffer itself, padding-less)."""
+    packet = av.Packet(len(data))
+    packet.update(data)  # type: ignore[arg-type]  # any buffer
+    return packet
 
 
 class ClipDecodeError(RuntimeError):
@@ -74,23 +88,33 @@ class ClipDecoder:
     twin."""
 
     def __init__(self) -> None:
-        self._contexts: dict[str, Any] = {}
+        self._contexts: OrderedDict[tuple[str, bytes], Any] = OrderedDict()
         self.seconds = {"read": 0.0, "decode": 0.0, "pixels": 0.0}  # thread CPU time per stage
 
-    def _context(self, codec: str) -> Any:
-        ctx = self._contexts.get(codec)
-        if ctx is None:
-            name = _DECODERS.get(codec)
-            if name is None:
-                raise ClipDecodeError(f"unsupported codec {codec!r}")
-            ctx = av.CodecContext.create(name, "r")
-            ctx.thread_count = 1
-            self._contexts[codec] = ctx
+    def _context(self, track: VideoTrack) -> Any:
+        """The PyAV decoder for the track: per codec, or per codec and configuration."""
+        key = (track.codec, b"" if track.codec in _PREFIXED else track.config)
+        ctx = self._contexts.get(key)
+        if ctx is not None:
+            self._contexts.move_to_end(key)
+            return ctx
+        name = _DECODERS.get(track.codec)
+        if name is None:
+            raise ClipDecodeError(f"unsupported codec {track.codec!r}")
+        ctx = av.CodecContext.create(name, "r")
+        if key[1]:
+            ctx.extradata = key[1]
+        ctx.thread_count = 1
+        self._contexts[key] = ctx
+        configured = [k for k in self._contexts if k[0] not in _PREFIXED]
+        if len(configured) > _CONFIGURED:
+            del self._contexts[configured[0]]
         return ctx
 
     def reset(self, codec: str) -> None:
         """Drop a decoder that may be in a bad state after an error."""
-        self._contexts.pop(codec, None)
+        for key in [k for k in self._contexts if k[0] == codec]:
+            del self._contexts[key]
 
     def decode(
         self,
@@ -122,7 +146,7 @@ class ClipDecoder:
         read: ReadAt,
         on_frame: Callable[[Planes, int], None],
     ) -> tuple[int, float]:
-        ctx = self._context(track.codec)
+        ctx = self._context(track)
         targets = plan.targets
         in_callbacks = 0.0
         produced = 0
@@ -173,7 +197,7 @@ class ClipDecoder:
                 elif first and prefix and not _has_sequence_header(data):
                     data = prefix + bytes(data)
                 first = False
-                packet = av.Packet(data)  # type: ignore[arg-type]
+                packet = padded_packet(data)
                 packet.pts = display
                 yield packet
         yield None

@@ -5,10 +5,12 @@ memory-mapped once per process and read record by record, so a catalog over tens
 images holds no per-image Python objects. Plain sources (zips with stored or deflated members,
 tars, folder trees) are listed once; their images' sizes and codecs come from the bytes when an
 image is read or ``info`` asks. A GulpIO directory gives one image per stored frame (image gulps
-hold one frame per id, video gulps every frame), located through its flat ``GulpIndex``.
-Zip shards and image files may also be objects in object storage (``storage.remote``; a URL
-ending in ``/`` lists the shards or images under it): an indexed remote shard's table is read
-once whole instead of mapped.
+hold one frame per id, video gulps every frame), located through its flat ``GulpIndex``. A
+folder with a dataset view (``dataset.json``, from ``kohakuclip merge``) gives its shards in the
+view's order, each opened from the view's index location without reading the shard. Zip shards
+and image files may also be objects in object storage (``storage.remote``; a URL ending in ``/``
+lists the shards or images under it): an indexed remote shard's table is read once whole
+instead of mapped.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from __future__ import annotations
 import os
 import threading
 import zlib
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from kohakuclip.formats import IMAGE_CODECS
+from kohakuclip.formats import IMAGE_CODECS, INDEX_MEMBER, SHARD_SUFFIXES
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.read.image_manifest import ImageManifest
@@ -45,6 +48,7 @@ from kohakuclip.storage.remote import (
     suffix_of,
 )
 from kohakuclip.storage.tar import list_tar
+from kohakuclip.storage.view import ViewError, has_view, load_view
 from kohakuclip.storage.zip import ArchiveError, Member, list_zip
 from kohakuclip.write.image_sources import IMAGE_SUFFIXES
 
@@ -85,6 +89,20 @@ class _Source:
     remote: bool = False
 
 
+def _expand_shard_folders(sources: list[str]) -> list[str]:
+    """Sources with each folder that holds shards but no images replaced by its shards
+    (e.g. kohakuclip-write-images' output)."""
+    out = []
+    for path in map(os.fspath, sources):
+        plain = os.path.isdir(path) and not is_gulp_directory(path) and not has_view(path)
+        shards = list_folder(path, SHARD_SUFFIXES) if plain else []
+        if shards and not list_folder(path, IMAGE_SUFFIXES):
+            out += [os.path.join(path, name) for name in shards]
+        else:
+            out.append(path)
+    return out
+
+
 class ImageCatalog:
     """Image ids ``0 .. len-1`` over the sources, in source order."""
 
@@ -98,10 +116,9 @@ class ImageCatalog:
         self.objects = Objects(FileCache(64), storage_options, cache)
         self._pid = os.getpid()
         self.sources = []
-        for p in sources:
-            path = local_path(os.fspath(p))
+        for path in _expand_shard_folders([local_path(os.fspath(p)) for p in sources]):
             if not is_url(path):
-                self.sources.append(self._open(path, use_index))
+                self.sources.extend(self._open_all(path, use_index))
                 continue
             try:
                 self.sources.extend(self._open_remote(path, use_index))
@@ -109,8 +126,29 @@ class ImageCatalog:
                 raise ImageSourceError(str(e)) from None
         counts = np.array([s.count for s in self.sources], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self._start_list: list[int] = self._starts.tolist()
         self._lock = threading.Lock()
         self._manifest: ImageManifest | None = None
+
+    def _open_all(self, path: str, use_index: bool) -> list[_Source]:
+        """One source, or every shard of a dataset view."""
+        if not has_view(path):
+            return [self._open(path, use_index)]
+        try:
+            view = load_view(path)
+        except ViewError as e:
+            raise ImageSourceError(str(e)) from None
+        if view.kind != "image":
+            raise ImageSourceError(f"{path}: a dataset view of {view.kind}s, not images")
+        return [
+            _Source(
+                os.path.join(path, s.name),
+                "indexed",
+                s.count,
+                index_member=Member(INDEX_MEMBER, *s.index),
+            )
+            for s in view.shards
+        ]
 
     def _open(self, path: str, use_index: bool) -> _Source:
         if is_gulp_directory(path):
@@ -196,8 +234,8 @@ class ImageCatalog:
             self._pid = os.getpid()
 
     def _find(self, image_id: int) -> tuple[_Source, int]:
-        s = int(np.searchsorted(self._starts, image_id, side="right")) - 1
-        return self.sources[s], image_id - int(self._starts[s])
+        s = bisect_right(self._start_list, image_id) - 1  # np.searchsorted releases the GIL
+        return self.sources[s], image_id - self._start_list[s]
 
     def _records(self, src: _Source) -> np.ndarray:
         if src.records is not None and src.records_pid == -2:  # read whole (remote)
@@ -219,7 +257,7 @@ class ImageCatalog:
     @staticmethod
     def _gulp_frame(gulp: GulpIndex, k: int) -> tuple[int, int]:
         """(video, frame in that video) of the ``k``-th stored frame of a gulp directory."""
-        video = int(np.searchsorted(gulp.first, k, side="right")) - 1
+        video = bisect_right(gulp.first, k) - 1  # gulp.first: a sorted sequence
         return video, k - int(gulp.first[video])
 
     def frame(self, image_id: int) -> int | None:

@@ -26,7 +26,7 @@ from kohakuclip.read.image_catalog import ImageCatalog, ImageLocation
 from kohakuclip.read.image_crop import image_crop
 from kohakuclip.read.plan import ClipPlan, GopRead
 from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
-from kohakuclip.read.seeding import generator
+from kohakuclip.read.seeding import generator, per_item_keys
 from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.remote import ObjectStoreError
@@ -66,6 +66,7 @@ class ImageBatch:
     colorspaces: list[str]  # "rgb", or the YUV matrix of the planes ("bt601-full", ...)
     full_range: np.ndarray  # bool [N]: the planes are full range (yuv modes)
     mode: str  # "rgb", "yuv_resized" or "yuv" (what kohakuclip.torch.yuv_to_rgb needs)
+    item_keys: list[int] | None = None  # per image, the key of its crop and flips (submit)
 
     @property
     def video(self) -> np.ndarray:
@@ -249,9 +250,21 @@ class ImageReader:
         return self._pool, self._files
 
     def submit(
-        self, ids: Sequence[int], out: np.ndarray | None = None, seed: int | None = None
+        self,
+        ids: Sequence[int],
+        out: np.ndarray | None = None,
+        seed: int | None = None,
+        item_keys: Sequence[int] | None = None,
     ) -> Pending[ImageBatch]:
-        """Queue a batch for decoding; returns at once. ``out`` (optional) receives the pixels."""
+        """Queue a batch for decoding; returns at once.
+
+        Args:
+            ids: image ids.
+            out: receives the pixels (optional; shape ``batch_shape``, uint8, C-contiguous).
+            seed: image ``i`` takes its crop and flips from ``(seed, i)`` (drawn when None).
+            item_keys: one int in ``[0, 2**64)`` per image: image ``i`` takes its crop and flips
+                from ``item_keys[i]`` alone, whatever its position (``seed`` is then unused).
+        """
         clean = [self._check_id(i) for i in ids]
         if not clean:
             raise ValueError("a batch needs at least one image")
@@ -267,6 +280,7 @@ class ImageReader:
             colorspaces=[""] * len(clean),
             full_range=np.zeros(len(clean), bool),
             mode=self.mode,
+            item_keys=per_item_keys(item_keys, len(clean)),
         )
         pool, files = self._ensure_process()
         shares = np.array_split(np.arange(len(clean)), min(self.threads, len(clean)))
@@ -275,10 +289,14 @@ class ImageReader:
         return pending
 
     def read(
-        self, ids: Sequence[int], out: np.ndarray | None = None, seed: int | None = None
+        self,
+        ids: Sequence[int],
+        out: np.ndarray | None = None,
+        seed: int | None = None,
+        item_keys: Sequence[int] | None = None,
     ) -> ImageBatch:
-        """Decode a batch and wait for it."""
-        return self.submit(ids, out, seed).result()
+        """Decode a batch and wait for it (arguments as for ``submit``)."""
+        return self.submit(ids, out, seed, item_keys).result()
 
     def _share_task(self, batch: ImageBatch, share: list[int], seed: int, files: FileCache) -> Any:
         """One thread's part of a batch: stored JPEGs go through compiled libavcodec in one
@@ -332,7 +350,7 @@ class ImageReader:
         self, batch: ImageBatch, i: int, seed: int, width: int, height: int
     ) -> tuple[Crop, bool, bool]:
         """Image ``i``'s crop and flips (from its own seeded draw), recorded in the batch."""
-        rng = generator(seed, i)
+        rng = generator(seed, i) if batch.item_keys is None else generator(batch.item_keys[i])
         crop = image_crop(self.crop, width, height, rng, self.scale, self.ratio)
         hflip = bool(rng.random() < self.hflip)
         vflip = bool(rng.random() < self.vflip)

@@ -19,7 +19,7 @@ from kohakuclip.decode.video import ClipDecoder, takes_dav1d
 from kohakuclip.read.plan import ClipPlan, FrameRangeError, Skip, plan_clip
 from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
 from kohakuclip.read.sample import clip
-from kohakuclip.read.seeding import generator
+from kohakuclip.read.seeding import generator, per_item_keys
 from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.catalog import Catalog, VideoTrack
 from kohakuclip.storage.files import FileCache
@@ -62,6 +62,7 @@ class Batch:
     colorspaces: list[str]  # per clip: "bt601" | "bt709"
     full_range: np.ndarray  # bool [N]: full-range (JPEG-style) samples instead of limited
     mode: OutputMode = "rgb"
+    item_keys: list[int] | None = None  # per clip, the key of its crop and flips (submit)
 
 
 # rows of a thread's libavcodec decoder table: H.264, HEVC, then MJPEG at lowres 0-3
@@ -286,8 +287,17 @@ class Reader:
         items: Sequence[Item],
         out: np.ndarray | None = None,
         seed: int | None = None,
+        item_keys: Sequence[int] | None = None,
     ) -> Pending[Batch]:
-        """Queue a batch for decoding; returns at once. ``out`` (optional) receives the pixels."""
+        """Queue a batch for decoding; returns at once.
+
+        Args:
+            items: ``(video id, [display-order frame indices])`` per clip, the same count each.
+            out: receives the pixels (optional; shape ``batch_shape``, uint8, C-contiguous).
+            seed: clip ``i`` takes its crop and flips from ``(seed, i)`` (drawn when None).
+            item_keys: one int in ``[0, 2**64)`` per clip: clip ``i`` takes its crop and flips
+                from ``item_keys[i]`` alone, whatever its position (``seed`` is then unused).
+        """
         clean: list[tuple[int, list[int]]] = []
         for item in items:
             try:
@@ -318,6 +328,7 @@ class Reader:
             colorspaces=[""] * len(clean),
             full_range=np.zeros(len(clean), bool),
             mode=self.mode,
+            item_keys=per_item_keys(item_keys, len(clean)),
         )
         pool, files = self._ensure_process()
         shares = np.array_split(np.arange(len(clean)), min(self.threads, len(clean)))
@@ -326,10 +337,14 @@ class Reader:
         return pending
 
     def read(
-        self, items: Sequence[Item], out: np.ndarray | None = None, seed: int | None = None
+        self,
+        items: Sequence[Item],
+        out: np.ndarray | None = None,
+        seed: int | None = None,
+        item_keys: Sequence[int] | None = None,
     ) -> Batch:
-        """Decode a batch and wait for it."""
-        return self.submit(items, out, seed).result()
+        """Decode a batch and wait for it (arguments as for ``submit``)."""
+        return self.submit(items, out, seed, item_keys).result()
 
     def _share_task(self, batch: Batch, share: list[int], seed: int, files: FileCache) -> Any:
         """One thread's part of a batch: every clip a compiled decoder takes goes through it in
@@ -440,7 +455,7 @@ class Reader:
         self, batch: Batch, i: int, seed: int, track: VideoTrack
     ) -> tuple[Crop, bool, bool]:
         """Clip ``i``'s crop and flips (from its own seeded draw), recorded in the batch."""
-        rng = generator(seed, i)
+        rng = generator(seed, i) if batch.item_keys is None else generator(batch.item_keys[i])
         crop: Crop = square_crop(track.width, track.height, rng if self.crop == "random" else None)
         hflip = bool(rng.random() < self.hflip)
         vflip = bool(rng.random() < self.vflip)
