@@ -303,3 +303,26 @@ def test_cache_dir_serves_repeat_reads_and_stays_bounded(s3, media, tmp_path):
         assert small.size() <= 1 << 18
     with Reader(media.h264_folder, size=24, threads=2) as r:
         np.testing.assert_array_equal(got, r.read([(0, [0, 5, 9, 9, 23])], seed=3).video)
+
+
+def test_write_images_to_a_bucket_then_resume(s3, media, tmp_path):
+    from kohakuclip.write.image_cli import main as write_images_main
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(2):
+        Image.fromarray(photo(70, 90, seed=20 + i)).save(photos / f"{i}.jpg", quality=90)
+    common = ["--max-short", "48", "--min-short", "0", "--no-progress", str(photos)]
+    assert write_images_main([str(tmp_path / "local"), *common]) == 0
+    url = f"s3://{BUCKET}/written/"
+    staging = str(tmp_path / "staging")
+    assert write_images_main([url, "--staging", staging, *common]) == 0
+    names = sorted(m["path"] for chunk in obstore.list(s3, "written/") for m in chunk)
+    assert "written/shard_00000.zip" in names and "written/manifest.parquet" in names
+    with ImageReader(str(tmp_path / "local"), size=32) as r:
+        want = r.read(range(len(r)), seed=1).image
+    with ImageReader(url, size=32) as r:
+        np.testing.assert_array_equal(r.read(range(len(r)), seed=1).image, want)
+    before = request_counts()
+    assert write_images_main([url, "--staging", staging, "--resume", *common]) == 0
+    assert request_counts()["requests"] - before["requests"] == 1  # the listing: nothing new

@@ -190,6 +190,12 @@ class RemoteObject:
         return bytes(fetch_ranges([(self, offset, offset + length)])[0])
 
 
+def store_for(url: str, options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """(the obstore store, the object's key) for ``url``."""
+    root, key = _split(url)
+    return _STORES.get(root, options), key
+
+
 def open_object(
     url: str,
     options: Mapping[str, Any] | None = None,

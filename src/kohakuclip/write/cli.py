@@ -12,6 +12,7 @@ from kohakuclip.write.merge import MergeError
 from kohakuclip.write.parts import OutputNames, Part
 from kohakuclip.write.settings import DEFAULT_CRF, DEFAULT_PRESET, ENCODERS
 from kohakuclip.write.shards import WriteError, write
+from kohakuclip.write.upload import run_staged
 
 
 def _preset(value: str) -> int | str:
@@ -24,7 +25,17 @@ def parser() -> argparse.ArgumentParser:
         description="Re-encode videos (files, folders, tar archives, GulpIO directories) into "
         "zip or tar shards with a frame index, a manifest.parquet and an encoding.json.",
     )
-    p.add_argument("out", help="output folder")
+    p.add_argument(
+        "out",
+        help="output folder, or a URL prefix (s3://bucket/prefix/ ...: built in --staging, "
+        "then uploaded)",
+    )
+    p.add_argument(
+        "--staging",
+        default=None,
+        help="local folder a URL output is built in (kept: --resume reuses it and uploads "
+        "only what the bucket lacks; default: a temporary folder)",
+    )
     p.add_argument(
         "sources",
         nargs="+",
@@ -97,9 +108,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    return run_staged(args.out, args.staging, lambda out: _write(args, out), "kohakuclip-write")
+
+
+def _write(args: argparse.Namespace, out: str) -> int:
     try:
         result = write(
-            args.out,
+            out,
             args.sources,
             codec=args.codec,
             crf=args.crf,
@@ -124,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = OutputNames(Part.parse(args.part)).skipped if args.part else SKIPPED_FILE
     print(
         f"{result.videos} videos ({result.seconds / 60:.1f} min) in {len(result.shards)} shards, "
-        f"{result.skipped} skipped (see {log}), in {result.out}"
+        f"{result.skipped} skipped (see {log}), in {args.out}"
     )
     return 0
 

@@ -8,6 +8,7 @@ import sys
 from kohakuclip.write.image_codecs import JPEG_ENCODERS, STORAGE_CODECS
 from kohakuclip.write.image_sources import SourceError
 from kohakuclip.write.images import write_images
+from kohakuclip.write.upload import run_staged
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -17,7 +18,17 @@ def _parser() -> argparse.ArgumentParser:
         "WebDataset tars, zip archives) as zip shards with a KCIMG1 index, plus "
         "manifest.parquet, skipped.jsonl and encoding.json.",
     )
-    p.add_argument("out", help="output directory")
+    p.add_argument(
+        "out",
+        help="output directory, or a URL prefix (s3://bucket/prefix/ ...: built in --staging, "
+        "then uploaded)",
+    )
+    p.add_argument(
+        "--staging",
+        default=None,
+        help="local folder a URL output is built in (kept: --resume reuses it and uploads "
+        "only what the bucket lacks; default: a temporary folder)",
+    )
     p.add_argument("sources", nargs="+", help="image files, folders, .tar or .zip archives")
     p.add_argument("--quality", type=int, default=70, help="0-100 (default 70)")
     p.add_argument("--max-short", type=int, default=512, help="cap of the short side (0: none)")
@@ -50,9 +61,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    prog = "kohakuclip-write-images"
+    return run_staged(args.out, args.staging, lambda out: _write(args, out), prog)
+
+
+def _write(args: argparse.Namespace, out: str) -> int:
     try:
         summary = write_images(
-            args.out,
+            out,
             args.sources,
             quality=args.quality,
             max_short=args.max_short,
@@ -71,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(
         f"{summary.images} images in {len(summary.shards)} shards, {summary.skipped} skipped "
-        f"(see {summary.out_dir}/skipped.jsonl)",
+        f"(see {args.out.rstrip('/')}/skipped.jsonl)",
         file=sys.stderr,
     )
     return 0

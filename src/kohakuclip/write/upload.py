@@ -1,0 +1,104 @@
+"""Writers' output in object storage: each run is built in a local staging folder, then uploaded.
+
+Shards go up first and the sidecars (``manifest.parquet``, ``encoding.json``, ``skipped.jsonl``,
+a dataset view ...) last, each object with one PUT or a multipart upload (obstore picks by
+size); an object becomes visible only once its upload completes, so a crashed writer leaves no
+half-written object (an interrupted multipart upload stays invisible). A resumed run keeps its
+staging folder (``--staging``) and uploads only what the bucket does not already hold at the
+same size.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kohakuclip.storage.remote import (
+    ObjectStoreError,
+    describe_error,
+    is_url,
+    list_objects,
+    store_for,
+)
+
+SHARD_SUFFIXES = (".zip", ".tar")
+
+
+def _order(name: str) -> tuple[int, str]:
+    return (0 if name.endswith(SHARD_SUFFIXES) else 1, name)
+
+
+def upload_folder(
+    local: str, url: str, options: Mapping[str, Any] | None = None
+) -> list[tuple[str, int]]:
+    """Upload every file under ``local`` to the prefix ``url`` (ending in ``/``), shards first,
+    skipping objects already there with the same size; returns (URL, bytes) of each upload."""
+    import obstore
+
+    prefix = url if url.endswith("/") else url + "/"
+    present = {found: int(meta["size"]) for found, meta in list_objects(prefix, options)}
+    names = []
+    for folder, _, files in os.walk(local):
+        for name in files:
+            names.append(os.path.relpath(os.path.join(folder, name), local).replace(os.sep, "/"))
+    uploaded = []
+    for name in sorted(names, key=_order):
+        path = os.path.join(local, name)
+        size = os.path.getsize(path)
+        target = prefix + name
+        if present.get(target) == size:
+            continue
+        store, key = store_for(target, options)
+        try:
+            obstore.put(store, key, Path(path))
+        except Exception as e:
+            raise describe_error(target, e) from None
+        uploaded.append((target, size))
+    return uploaded
+
+
+@dataclass
+class Staging:
+    """Where a run is built; set ``done`` when it succeeded (only then is it uploaded)."""
+
+    folder: str
+    done: bool = False
+
+
+@contextmanager
+def staged(out: str, staging: str | None = None) -> Iterator[Staging]:
+    """The folder a writer builds into for the output URL ``out``: ``staging`` (kept, for
+    ``--resume``), or a temporary one removed afterwards; uploaded at the end of the block when
+    marked done."""
+    folder = staging or tempfile.mkdtemp(prefix="kohakuclip-upload-")
+    os.makedirs(folder, exist_ok=True)
+    stage = Staging(folder)
+    try:
+        yield stage
+        if stage.done:
+            upload_folder(folder, out)
+    finally:
+        if staging is None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_staged(out: str, staging: str | None, write: Callable[[str], int], prog: str) -> int:
+    """A CLI writer's run for ``out`` (a local folder, or a URL: staged, then uploaded);
+    returns its exit status."""
+    if not is_url(out):
+        return write(out)
+    try:
+        with staged(out, staging) as stage:
+            code = write(stage.folder)
+            stage.done = code == 0
+    except ObjectStoreError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    return code
