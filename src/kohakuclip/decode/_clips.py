@@ -530,9 +530,10 @@ class ShareTables:
         self.clips.append(row)
         self.slots.append(slot)
 
-    def fetch(self) -> int:
+    def fetch(self, fetched: dict[tuple[str, int, int], Any] | None = None) -> int:
         """Read every remote GOP range of the share into ``fetched`` (concurrent ranged GETs,
-        touching ranges coalesced); returns the bytes fetched. Raises ``ObjectStoreError``."""
+        touching ranges coalesced; ranges found in ``fetched``, keyed by (URL, offset, length),
+        are taken from it); returns the bytes. Raises ``ObjectStoreError``."""
         if not self.remote:
             return 0
         from kohakuclip.storage.remote import gather_into
@@ -541,7 +542,7 @@ class ShareTables:
             (obj, self.gops[row][0], self.gops[row][0] + self.gops[row][1])
             for obj, row in self.remote
         ]
-        self.fetched, starts = gather_into(wanted)
+        self.fetched, starts = gather_into(wanted, fetched)
         for (_, row), start in zip(self.remote, starts):
             self.gops[row][GOP_FETCHED] = start
         return len(self.fetched)

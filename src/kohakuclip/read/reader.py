@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cache
@@ -208,6 +209,7 @@ class Reader:
         self._compiled = True  # False: every clip through PyAV (the tests' slow twin)
         self._pid = -1
         self._pool: ThreadPool | None = None
+        self._fetcher: ThreadPoolExecutor | None = None  # prefetch threads (remote sources)
         self._workers: list[_Worker] = []  # per-thread state, for stats()
         self._stats_lock = threading.Lock()
         self._stats = {
@@ -274,6 +276,7 @@ class Reader:
             self._stats_lock = threading.Lock()
             self._workers = []
             self._pool = ThreadPool(self.threads, self._new_worker)
+            self._fetcher = None  # a forked child gets new prefetch threads
         return self._pool, self._catalog.files
 
     def _new_worker(self) -> _Worker:
@@ -331,10 +334,41 @@ class Reader:
             item_keys=per_item_keys(item_keys, len(clean)),
         )
         pool, files = self._ensure_process()
-        shares = np.array_split(np.arange(len(clean)), min(self.threads, len(clean)))
+        shares = [
+            s.tolist() for s in np.array_split(np.arange(len(clean)), min(self.threads, len(clean)))
+        ]
         pending: Pending[Batch] = Pending(len(shares), batch)
-        pool.submit([self._share_task(batch, s.tolist(), seed, files) for s in shares], pending)
+        ahead = [self._prefetch(batch, s) for s in shares]
+        tasks = [self._share_task(batch, s, seed, files, a) for s, a in zip(shares, ahead)]
+        pool.submit(tasks, pending)
         return pending
+
+    def _prefetch(self, batch: Batch, share: list[int]) -> Future[dict] | None:
+        """For object-storage sources: the share's GOP ranges fetched now, on the prefetch
+        threads, while the decode threads work on earlier batches (latency hidden); None for
+        local sources."""
+        if not self._catalog.has_remote():
+            return None
+        if self._fetcher is None:
+            self._fetcher = ThreadPoolExecutor(2, thread_name_prefix="kohakuclip-prefetch")
+        items = [batch.items[i] for i in share]
+        return self._fetcher.submit(self._fetch_share, items)
+
+    def _fetch_share(self, items: list[tuple[int, list[int]]]) -> dict:
+        """(URL, offset, length) -> bytes of every planned GOP read of remote clips; clips that
+        fail to plan are left to the decode thread (which reports them)."""
+        wanted = []
+        for vid, frames in items:
+            try:
+                track = self._catalog.track(vid)
+                remote = self._catalog.remote(track.path)
+                if remote is not None:
+                    plan = plan_clip(track, frames, self.skip)
+                    wanted += [(remote, g.offset, g.offset + g.length) for g in plan.reads]
+            except Exception:
+                continue
+        views = fetch_ranges(wanted)
+        return {(o.url, a, b - a): v for (o, a, b), v in zip(wanted, views)}
 
     def read(
         self,
@@ -346,7 +380,14 @@ class Reader:
         """Decode a batch and wait for it (arguments as for ``submit``)."""
         return self.submit(items, out, seed, item_keys).result()
 
-    def _share_task(self, batch: Batch, share: list[int], seed: int, files: FileCache) -> Any:
+    def _share_task(
+        self,
+        batch: Batch,
+        share: list[int],
+        seed: int,
+        files: FileCache,
+        ahead: Future[dict] | None = None,
+    ) -> Any:
         """One thread's part of a batch: every clip a compiled decoder takes goes through it in
         one call (no GIL inside), the rest one by one through PyAV. The first failing clip's
         error is raised once the others are written."""
@@ -359,6 +400,7 @@ class Reader:
             counts: dict[
                 int, tuple[int, int, int]
             ] = {}  # per planned clip: decoded, packets, bytes
+            fetched = self._prefetched(ahead)  # first: its tracks are then resolved
             with ExitStack() as descriptors:
                 tables: dict[int, tuple[Any, ShareTables]] = {}
                 for i in share:
@@ -373,7 +415,7 @@ class Reader:
                 video = batch.video.reshape(*batch.video.shape[:2], -1)
                 for decoder, share_tables in tables.values():
                     try:
-                        share_tables.fetch()
+                        share_tables.fetch(fetched)
                     except ObjectStoreError as e:
                         for i in share_tables.slots:
                             errors[i] = e
@@ -587,11 +629,25 @@ class Reader:
         s["decoded_per_output"] = s["frames_decoded"] / s["frames_out"] if s["frames_out"] else 0.0
         return s
 
+    @staticmethod
+    def _prefetched(ahead: Future[dict] | None) -> dict | None:
+        """What the prefetch threads fetched for a share (None: nothing, or it failed: the
+        share then fetches, and reports, itself)."""
+        if ahead is None:
+            return None
+        try:
+            return ahead.result()
+        except Exception:
+            return None
+
     def close(self) -> None:
         """Join the threads and close the files."""
         if self._pool is not None and self._pid == os.getpid():
             self._pool.close()
+        if self._fetcher is not None and self._pid == os.getpid():
+            self._fetcher.shutdown(wait=True, cancel_futures=True)
         self._pool = None
+        self._fetcher = None
         self._catalog.close()
 
     def __enter__(self) -> Reader:

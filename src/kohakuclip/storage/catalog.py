@@ -430,6 +430,10 @@ class Catalog:
             raise SourceError(f"{where}: truncated table")
         return np.frombuffer(raw, dtype=AV1_FRAME_RECORD)
 
+    def has_remote(self) -> bool:
+        """True when some source is in object storage."""
+        return any(src.remote for src in self.sources)
+
     def remote(self, path: str) -> RemoteObject | None:
         """The object a track's ``path`` names when it is a URL, else None (a local file)."""
         return self.objects.remote(path) if is_url(path) else None

@@ -363,9 +363,15 @@ def _run(coroutine: Any) -> Any:
 
 def gather_into(
     wanted: Sequence[tuple[RemoteObject, int, int]],
+    ready: Mapping[tuple[str, int, int], Any] | None = None,
 ) -> tuple[np.ndarray, list[int]]:
-    """The ranges fetched (``fetch_ranges``) into one uint8 buffer, and each range's start in it."""
-    views = fetch_ranges(wanted)
+    """The ranges fetched (``fetch_ranges``; those in ``ready``, keyed by (URL, start, length),
+    taken from it) into one uint8 buffer, and each range's start in it."""
+    ready = ready or {}
+    keys = [(obj.url, a, b - a) for obj, a, b in wanted]
+    missing = [w for w, key in zip(wanted, keys) if key not in ready]
+    got = iter(fetch_ranges(missing))
+    views = [ready[key] if key in ready else next(got) for key in keys]
     starts = np.cumsum([0, *(len(v) for v in views)]).tolist()
     buffer = np.empty(max(starts[-1], 1), np.uint8)
     for view, start in zip(views, starts):
