@@ -71,7 +71,7 @@ class S3Server:
             assert answer.status == 200
 
 
-def _stop(process: subprocess.Popen[bytes], grace: float = 3.0) -> None:
+def _stop(process: subprocess.Popen[bytes], grace: float = 1.0) -> None:
     """SIGTERM the process group, SIGKILL it after ``grace`` seconds, and wait for it."""
     if process.poll() is None:
         with suppress(ProcessLookupError):
