@@ -5,7 +5,7 @@ Data path: sources (``storage``) -> plan (``read.plan``) -> pool (``read.pool``)
 
 from kohakuclip.read.image_reader import ImageBatch, ImageInfo, ImageReader, ImageReadError
 from kohakuclip.read.permute import permute
-from kohakuclip.read.pool import Pending
+from kohakuclip.read.pool import Pending, PoolClosedError
 from kohakuclip.read.reader import Batch, ClipError, Reader, VideoInfo
 from kohakuclip.read.sample import clip, random_frames
 from kohakuclip.write.images import encode_image, pack_images
@@ -22,6 +22,7 @@ __all__ = [
     "ImageReadError",
     "ImageReader",
     "Pending",
+    "PoolClosedError",
     "Reader",
     "VideoInfo",
     "clip",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -13,7 +14,7 @@ import numpy as np
 from kohakuclip.decode.image import ImageDecoder, ImageMode, output_shape, sniff_codec
 from kohakuclip.read.image_catalog import ImageCatalog, ImageLocation
 from kohakuclip.read.image_crop import image_crop
-from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
+from kohakuclip.read.pool import OwnedPool, Pending, ThreadPool, batch_buffer
 from kohakuclip.read.seeding import generator
 from kohakuclip.storage.files import FileCache
 
@@ -111,12 +112,14 @@ class ImageReader:
         )
         self.hflip, self.vflip, self.dct_scale = hflip, vflip, dct_scale
         self.yuv_size = yuv_size
-        self._open_files = open_files
         self._catalog = ImageCatalog([os.fspath(p) for p in paths], use_index)
         self._rng = np.random.default_rng(seed)
-        self._pid = -1
-        self._pool: ThreadPool | None = None
-        self._files: FileCache | None = None
+        self._pid = os.getpid()
+        self._files = FileCache(open_files)
+        # threads, decoders and descriptors end with close() or when the reader is collected
+        self._pool = OwnedPool(
+            self, threads, partial(ImageDecoder, size, mode, yuv_size), self._files.close
+        )
 
     # -- catalog -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -180,13 +183,11 @@ class ImageReader:
 
     def _ensure_process(self) -> tuple[ThreadPool, FileCache]:
         """Threads, descriptors and memory maps belong to one process: renewed after a fork."""
-        if self._pid != os.getpid() or self._pool is None or self._files is None:
+        if self._pid != os.getpid():
             self._pid = os.getpid()
             self._catalog.after_fork()
-            self._files = FileCache(self._open_files)
-            size, mode, window = self.size, self.mode, self.yuv_size
-            self._pool = ThreadPool(self.threads, lambda: ImageDecoder(size, mode, window))
-        return self._pool, self._files
+            self._files.ensure_process()
+        return self._pool.get(), self._files
 
     def submit(
         self, ids: Sequence[int], out: np.ndarray | None = None, seed: int | None = None
@@ -263,13 +264,9 @@ class ImageReader:
         batch.full_range[i] = colorspace.endswith("-full")
 
     def close(self) -> None:
-        """Join the threads and close the files."""
-        if self._pool is not None and self._pid == os.getpid():
-            self._pool.close()
-        if self._files is not None and self._pid == os.getpid():
-            self._files.close()
-        self._pool = None
-        self._files = None
+        """Join the threads (queued batches finish first) and close the files; the next use
+        starts new threads. A reader dropped without ``close()`` is closed when collected."""
+        self._pool.close()
 
     def __enter__(self) -> ImageReader:
         return self

@@ -1,9 +1,19 @@
-"""A persistent pool of decode threads with one FIFO: batches queue back to back, no barrier."""
+"""A persistent pool of decode threads with one FIFO: batches queue back to back, no barrier.
+
+Lifetime: a reader owns its pool through ``OwnedPool``, which holds nothing of the reader, so a
+reader dropped without ``close()`` is collected and a finalizer joins its threads. At interpreter
+exit an ``atexit`` hook stops every pool before anything its threads use is torn down: batches
+still queued fail with ``PoolClosedError`` (so nothing waits on them), the clips being decoded
+finish, the threads are joined.
+"""
 
 from __future__ import annotations
 
+import atexit
+import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -11,6 +21,11 @@ import numpy as np
 
 T = TypeVar("T")
 Task = Callable[[Any], None]
+
+
+class PoolClosedError(RuntimeError):
+    """The pool stopped before it ran this work: its reader was closed or collected, the
+    interpreter is exiting, or the batch was submitted in another process (before a fork)."""
 
 
 def batch_buffer(out: Any, shape: tuple[int, ...]) -> np.ndarray:
@@ -37,6 +52,7 @@ class Pending(Generic[T]):
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._done = threading.Event()
+        self._pid = os.getpid()
         if tasks == 0:
             self._done.set()
 
@@ -52,6 +68,20 @@ class Pending(Generic[T]):
         return self._done.is_set()
 
     def result(self, timeout: float | None = None) -> T:
+        """The batch, once every task has run.
+
+        Args:
+            timeout: seconds to wait at most (``None``: until done).
+
+        Raises:
+            TimeoutError: not done within ``timeout``.
+            PoolClosedError: the pool stopped first, or the batch belongs to another process
+                (its threads do not exist in this one).
+        """
+        if not self._done.is_set() and self._pid != os.getpid():
+            raise PoolClosedError(
+                f"batch submitted in process {self._pid}: its threads do not exist in this one"
+            )
         if not self._done.wait(timeout):
             raise TimeoutError("batch not ready")
         if self._error is not None:
@@ -59,45 +89,153 @@ class Pending(Generic[T]):
         return self._value
 
 
+_live: weakref.WeakSet[ThreadPool] = weakref.WeakSet()  # pools whose threads may still run
+_exiting = False
+
+
+def _stop_pools_at_exit() -> None:
+    """Interpreter exit: no new pools; every live pool drops its queue and joins its threads."""
+    global _exiting
+    _exiting = True
+    for pool in list(_live):
+        pool.close(cancel=True)
+
+
+atexit.register(_stop_pools_at_exit)
+
+
 class ThreadPool:
-    """``threads`` daemon threads, each with its own state from ``make_state()``."""
+    """``threads`` daemon threads, each with its own state from ``make_state()`` (``states``
+    lists them, in the order they were made)."""
 
     def __init__(self, threads: int, make_state: Callable[[], Any]) -> None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
+        if _exiting:
+            raise PoolClosedError("the interpreter is exiting: no new decode threads")
         self._queue: queue.SimpleQueue[tuple[Task, Pending[Any]] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False  # no more submits; the threads have their stop markers
+        self._cancel = False  # queued tasks fail with PoolClosedError instead of running
+        self._pid = os.getpid()
+        self.states: list[Any] = []
         self._threads = [
             threading.Thread(
                 target=self._run, args=(make_state,), daemon=True, name=f"kohakuclip-{i}"
             )
             for i in range(threads)
         ]
+        _live.add(self)
         for t in self._threads:
             t.start()
 
     def _run(self, make_state: Callable[[], Any]) -> None:
-        state = make_state()
+        state: Any = None
+        broken: BaseException | None = None
+        try:
+            state = make_state()
+        except BaseException as e:  # every task this thread takes reports it
+            broken = e
+        else:
+            with self._lock:
+                self.states.append(state)
         while True:
             item = self._queue.get()
             if item is None:
                 return
             task, pending = item
-            try:
-                task(state)
-            except BaseException as e:  # reported through the Pending, the thread lives on
-                pending._finish_task(e)
+            if self._cancel:
+                pending._finish_task(PoolClosedError("the pool stopped before this batch ran"))
+            elif broken is not None:
+                pending._finish_task(broken)
             else:
-                pending._finish_task(None)
+                try:
+                    task(state)
+                except BaseException as e:  # reported through the Pending, the thread lives on
+                    pending._finish_task(e)
+                else:
+                    pending._finish_task(None)
             del item, task, pending  # an idle thread must not keep a dropped batch alive
 
     def submit(self, tasks: list[Task], pending: Pending[Any]) -> None:
-        for task in tasks:
-            self._queue.put((task, pending))
+        with self._lock:
+            if self._closed:
+                raise PoolClosedError("the pool is closed")
+            for task in tasks:
+                self._queue.put((task, pending))
 
-    def close(self) -> None:
-        """Let queued work finish, then join the threads."""
-        for _ in self._threads:
-            self._queue.put(None)
+    def close(self, cancel: bool = False) -> None:
+        """Stop the threads and join them. Safe to call again, from any thread and after a fork.
+
+        Args:
+            cancel: queued tasks fail with ``PoolClosedError`` instead of running (the tasks
+                already running finish either way).
+
+        A pool thread closing its own pool (a finalizer run on it) only tells the threads to
+        stop; in a forked child, whose copy of the pool has no threads, nothing is joined.
+        """
+        with self._lock:
+            if cancel:
+                self._cancel = True
+            if not self._closed:
+                self._closed = True
+                for _ in self._threads:
+                    self._queue.put(None)
+        if self._pid != os.getpid():
+            _live.discard(self)
+            return
+        me = threading.current_thread()
+        if any(t is me for t in self._threads):
+            return  # stays live: the exit hook still joins it
         for t in self._threads:
             t.join()
-        self._threads = []
+        _live.discard(self)
+
+
+class OwnedPool:
+    """The thread pool of one reader object, per process, tied to the reader's lifetime.
+
+    Made on first use (``get``) and again in a forked child (a pool is never used across a
+    fork); stopped by ``close()`` or, when the reader is collected without it, by a finalizer.
+    Holds no reference to the reader: ``make_state`` and ``release`` (run on every close, e.g.
+    closing descriptors) must not hold one either.
+    """
+
+    def __init__(
+        self,
+        owner: object,
+        threads: int,
+        make_state: Callable[[], Any],
+        release: Callable[[], None],
+    ) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self.threads = threads
+        self._make_state = make_state
+        self._release = release
+        self._pool: ThreadPool | None = None
+        self._pid = -1
+        self._states: list[Any] = []
+        finalizer = weakref.finalize(owner, self.close)
+        finalizer.atexit = False  # the exit hook stops the threads; the OS takes the rest
+
+    def get(self) -> ThreadPool:
+        """This process's pool, started on first use."""
+        if self._pool is None or self._pid != os.getpid():
+            self._pool = ThreadPool(self.threads, self._make_state)
+            self._pid = os.getpid()
+            self._states = self._pool.states
+        return self._pool
+
+    @property
+    def states(self) -> list[Any]:
+        """The per-thread states of this process's latest pool, kept after ``close()`` (for
+        statistics); empty before first use and in a forked child until its own pool starts."""
+        return list(self._states) if self._pid == os.getpid() else []
+
+    def close(self) -> None:
+        """Join this process's threads (queued work finishes first) and run ``release``."""
+        pool, self._pool = self._pool, None
+        if pool is not None and self._pid == os.getpid():
+            pool.close()
+        self._release()

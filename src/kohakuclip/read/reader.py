@@ -6,6 +6,7 @@ import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from time import thread_time
 from typing import Any, Literal, get_args
 
@@ -15,7 +16,7 @@ from kohakuclip.decode.image import ImageDecoder
 from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, square_crop
 from kohakuclip.decode.video import ClipDecoder, Planes
 from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
-from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
+from kohakuclip.read.pool import OwnedPool, Pending, ThreadPool, batch_buffer
 from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator
 from kohakuclip.storage.catalog import Catalog, VideoTrack
@@ -139,8 +140,13 @@ class Reader:
             raise ValueError(f"window must be even, got {self.window}")
         self._rng = np.random.default_rng(seed)
         self._pid = -1
-        self._pool: ThreadPool | None = None
-        self._workers: list[_Worker] = []  # per-thread state, for stats()
+        # threads, decoders and descriptors end with close() or when the reader is collected
+        self._pool = OwnedPool(
+            self,
+            threads,
+            partial(_Worker, size, mode, self.window),
+            self._catalog.close,
+        )
         self._stats_lock = threading.Lock()
         self._stats = {
             "clips": 0,
@@ -201,18 +207,10 @@ class Reader:
     def _ensure_process(self) -> tuple[ThreadPool, FileCache]:
         """Threads and descriptors belong to one process: recreate them after a fork."""
         self._catalog.ensure_process()
-        if self._pid != os.getpid() or self._pool is None:
+        if self._pid != os.getpid():
             self._pid = os.getpid()
             self._stats_lock = threading.Lock()
-            self._workers = []
-            self._pool = ThreadPool(self.threads, self._new_worker)
-        return self._pool, self._catalog.files
-
-    def _new_worker(self) -> _Worker:
-        worker = _Worker(self.size, self.mode, self.window)
-        with self._stats_lock:
-            self._workers.append(worker)
-        return worker
+        return self._pool.get(), self._catalog.files
 
     def submit(
         self,
@@ -361,18 +359,16 @@ class Reader:
         ``_pixels``: resize + convert + flips, ``_plan``)."""
         with self._stats_lock:
             s: dict[str, float] = dict(self._stats)
-            for worker in self._workers:
+            for worker in self._pool.states:
                 for stage, seconds in (*worker.seconds.items(), *worker.decoder.seconds.items()):
                     s[f"seconds_{stage}"] = s.get(f"seconds_{stage}", 0.0) + seconds
         s["decoded_per_output"] = s["frames_decoded"] / s["frames_out"] if s["frames_out"] else 0.0
         return s
 
     def close(self) -> None:
-        """Join the threads and close the files."""
-        if self._pool is not None and self._pid == os.getpid():
-            self._pool.close()
-        self._pool = None
-        self._catalog.close()
+        """Join the threads (queued batches finish first) and close the files; the next use
+        starts new threads. A reader dropped without ``close()`` is closed when collected."""
+        self._pool.close()
 
     def __enter__(self) -> Reader:
         return self
