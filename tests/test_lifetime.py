@@ -152,17 +152,7 @@ def test_a_forked_child_never_waits_for_its_parents_batch() -> None:
                 code = 0
             finally:
                 os._exit(code)
-        deadline = time.monotonic() + 30
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                pytest.fail("the child waited on a batch of its parent's threads")
-            time.sleep(0.01)
-        assert os.waitstatus_to_exitcode(status) == 0
+        assert _wait_child(pid, "waiting on the parent's batch") == 0
     finally:
         release.set()
         pool.close()
@@ -276,6 +266,62 @@ def test_a_reader_dropped_with_a_batch_in_flight(media: dict[str, str]) -> None:
         time.sleep(0.01)  # the last task let go of the reader on a pool thread
     assert ref() is None
     assert len(_pool_threads()) == threads
+
+
+def _wait_child(pid: int, what: str, limit: float = 30) -> int:
+    """The exit code of a forked child, killed (and the test failed) if it outlives ``limit``."""
+    deadline = time.monotonic() + limit
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail(f"{what}: the child hung")
+        time.sleep(0.005)
+
+
+def _os_threads(threads: list[threading.Thread]) -> list[int]:
+    """Those of ``threads`` the OS still runs (a joined thread may still be in its native exit,
+    thread-local destructors that take library locks a fork would copy locked)."""
+    return [t.native_id for t in threads if os.path.exists(f"/proc/self/task/{t.native_id}")]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+@pytest.mark.parametrize("how", ["close", "drop"])
+def test_a_closed_reader_s_threads_are_gone_from_the_os(media: dict[str, str], how: str) -> None:
+    for _ in range(10):
+        before = set(_pool_threads())
+        reader = Reader(media["video"], size=32, threads=4, hflip=1.0)  # hflip: OpenCV's TLS
+        reader.read([(0, [0, 7]), (1, [3, 9])] * 2)
+        threads = [t for t in _pool_threads() if t not in before]
+        assert len(threads) == 4
+        if how == "close":
+            reader.close()
+        else:
+            del reader
+        assert _os_threads(threads) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_a_fork_first_waits_for_a_pool_closed_by_its_own_thread() -> None:
+    pool = ThreadPool(2, lambda: None)
+    threads = list(pool._threads)
+    closed = threading.Event()
+
+    def close_then_linger(state: object) -> None:
+        pool.close()  # on a pool thread: nothing is joined yet
+        closed.set()
+        time.sleep(0.3)
+
+    pool.submit([close_then_linger], Pending(1, None))
+    assert closed.wait(30)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    assert _os_threads(threads) == []  # the fork hook joined them before forking
+    assert _wait_child(pid, "a bare child") == 0
 
 
 # --- scripts that end with work in flight ------------------------------------------------------

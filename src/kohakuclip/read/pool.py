@@ -5,6 +5,11 @@ reader dropped without ``close()`` is collected and a finalizer joins its thread
 exit an ``atexit`` hook stops every pool before anything its threads use is torn down: batches
 still queued fail with ``PoolClosedError`` (so nothing waits on them), the clips being decoded
 finish, the threads are joined.
+
+A fork copies every lock but no thread, so a thread must not be half-way out at a fork: its
+native exit (thread-local destructors) takes library locks such as OpenCV's, which the child
+would inherit locked. Closing a pool waits until the OS has finished its threads, and a fork
+first waits for the threads of pools closed without waiting (from one of their own threads).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import atexit
 import os
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -101,7 +107,28 @@ def _stop_pools_at_exit() -> None:
         pool.close(cancel=True)
 
 
+def _settle_before_fork() -> None:
+    """Before a fork: the threads of closed pools finish exiting (open pools' idle threads
+    hold no lock and are simply not copied)."""
+    for pool in list(_live):
+        if pool._closed:
+            pool._join()
+
+
+def _wait_exited(threads: list[threading.Thread], limit: float = 5.0) -> None:
+    """Joined threads still run their native exit; wait until the OS has finished them."""
+    tasks = "/proc/self/task"
+    if not os.path.isdir(tasks):
+        return
+    deadline = time.monotonic() + limit
+    for t in threads:
+        path = f"{tasks}/{t.native_id}"
+        while os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.0005)
+
+
 atexit.register(_stop_pools_at_exit)
+os.register_at_fork(before=_settle_before_fork)
 
 
 class ThreadPool:
@@ -181,14 +208,20 @@ class ThreadPool:
                 self._closed = True
                 for _ in self._threads:
                     self._queue.put(None)
+        self._join()
+
+    def _join(self) -> None:
+        """Join the threads of a closed pool, unless called on one of them (the pool then stays
+        live: the exit and fork hooks join it later)."""
         if self._pid != os.getpid():
             _live.discard(self)
             return
         me = threading.current_thread()
         if any(t is me for t in self._threads):
-            return  # stays live: the exit hook still joins it
+            return
         for t in self._threads:
             t.join()
+        _wait_exited(self._threads)
         _live.discard(self)
 
 
