@@ -1,6 +1,7 @@
 """Clip reading, kohakuclip and KohakuClip 1.0.0 in one process, alternating batch by batch.
 
-    python benchmarks/side_by_side.py --reference-package DIR [SHARD...] [--threads 1 2]
+    python benchmarks/side_by_side.py --reference-package DIR [SHARD_OR_FOLDER...] [--threads 1 2]
+        [--naive]
 
 Run it with an interpreter that has kohakuclip installed and the Python version of the
 reference's wheel (its extension is built for one), under whatever environment the reference
@@ -9,6 +10,10 @@ it is copied under the name ``kohakuclip_ref`` so that both import side by side.
 same items; per batch the order alternates. On a shared machine this is the steadiest
 comparison: both see the same moments of its noise, each batch a fraction of a second apart.
 Prints CPU ms per output frame (process CPU time while each reads) and wall ms x threads.
+``--naive`` adds a third contender, the naive PyAV loop (open, seek, decode to the last wanted
+frame, ``to_ndarray`` RGB, short-side crop, OpenCV area resize; one clip per thread at a time),
+the baseline for mp4 folders (e.g. benchmarks/busy_trainer.py's H.264 folders at GOP 16 and 250
+in /tmp/kc-busy-media).
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import shutil
 import sys
 import tempfile
 import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import SPECS, draw_items, make_sources
@@ -36,6 +44,60 @@ def import_reference(package_dir: str, into: str) -> object:
     return importlib.import_module("kohakuclip_ref")
 
 
+class NaivePyAV:
+    """Clips read the naive way with PyAV (``read(items)`` like the readers), for a baseline.
+
+    Args:
+        reader: our Reader over the same sources: it maps video ids to files.
+        size: output side.
+        threads: clips decoded at once.
+    """
+
+    def __init__(self, reader: Any, size: int, threads: int) -> None:
+        self.reader, self.size = reader, size
+        self.pool = ThreadPoolExecutor(threads)
+
+    def _open(self, vid: int) -> Any:
+        import io
+
+        info = self.reader.info(vid)
+        if os.path.isdir(info.source):
+            return os.path.join(info.source, info.member)
+        with zipfile.ZipFile(info.source) as z:
+            return io.BytesIO(z.read(info.member))
+
+    def _clip(self, item: tuple[int, list[int]]) -> Any:
+        import av
+        import cv2
+        import numpy as np
+
+        vid, frames = item
+        out = np.empty((len(frames), self.size, self.size, 3), np.uint8)
+        wanted = {f: i for i, f in enumerate(frames)}
+        with av.open(self._open(vid)) as c:
+            s = c.streams.video[0]
+            s.thread_count = 1
+            rate, tb = float(s.average_rate), float(s.time_base)
+            c.seek(int(min(frames) / rate / tb), stream=s, backward=True)
+            for f in c.decode(s):
+                idx = round(f.pts * tb * rate)
+                if idx in wanted:
+                    rgb = f.to_ndarray(format="rgb24")
+                    side = min(rgb.shape[:2])
+                    y, x = (rgb.shape[0] - side) // 2, (rgb.shape[1] - side) // 2
+                    out[wanted[idx]] = cv2.resize(
+                        rgb[y : y + side, x : x + side],
+                        (self.size, self.size),
+                        interpolation=cv2.INTER_AREA,
+                    )
+                if idx >= max(frames):
+                    break
+        return out
+
+    def read(self, items: list[tuple[int, list[int]]]) -> list[Any]:
+        return list(self.pool.map(self._clip, items))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("sources", nargs="*")
@@ -48,6 +110,7 @@ def main() -> None:
     ap.add_argument("--make", type=int, default=12, help="sample videos to write without sources")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "kc-bench"))
     ap.add_argument("--specs", nargs="+", default=list(SPECS), choices=list(SPECS))
+    ap.add_argument("--naive", action="store_true", help="add the naive PyAV loop")
     args = ap.parse_args()
 
     import av
@@ -59,34 +122,43 @@ def main() -> None:
         ref = import_reference(args.reference_package, tmp)
         print(f"sources: {sources}  size {args.size}  batch {args.batch}  PyAV {av.__version__}")
         print(f"machine: {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
+        naive_head = f" {'naive cpu ms':>12} {'ours/naive':>10}" if args.naive else ""
         print(
             f"{'clip':<12} {'thr':>3} {'ref cpu ms':>10} {'ours cpu ms':>11} {'cpu ratio':>9}"
-            f" {'wall ratio':>10}"
+            f" {'wall ratio':>10}{naive_head}"
         )
         for name in args.specs:
             items = draw_items(sources, SPECS[name], args.clips, seed=1)
             for threads in args.threads:
-                readers = {
+                readers: dict[str, Any] = {
                     "ref": ref.Reader(sources, size=args.size, seed=0, threads=threads),  # type: ignore[attr-defined]
                     "ours": kohakuclip.Reader(sources, size=args.size, seed=0, threads=threads),
                 }
+                if args.naive:
+                    readers["naive"] = NaivePyAV(readers["ours"], args.size, threads)
                 for reader in readers.values():
                     reader.read(items[: args.batch])  # warm-up
                 cpu = dict.fromkeys(readers, 0.0)
                 wall = dict.fromkeys(readers, 0.0)
                 for r in range(args.rounds):
                     for b, i in enumerate(range(0, len(items), args.batch)):
-                        order = list(readers) if (b + r) % 2 else list(readers)[::-1]
+                        k = (b + r) % len(readers)
+                        order = list(readers)[k:] + list(readers)[:k]
                         for key in order:
                             c0, w0 = time.process_time(), time.perf_counter()
                             readers[key].read(items[i : i + args.batch])
                             cpu[key] += time.process_time() - c0
                             wall[key] += time.perf_counter() - w0
                 frames = args.rounds * len(items) * SPECS[name]["frames"]
+                naive = (
+                    f" {cpu['naive'] / frames * 1e3:>12.3f} {cpu['ours'] / cpu['naive']:>10.3f}"
+                    if args.naive
+                    else ""
+                )
                 print(
                     f"{name:<12} {threads:>3} {cpu['ref'] / frames * 1e3:>10.3f}"
                     f" {cpu['ours'] / frames * 1e3:>11.3f} {cpu['ours'] / cpu['ref']:>9.3f}"
-                    f" {wall['ours'] / wall['ref']:>10.3f}",
+                    f" {wall['ours'] / wall['ref']:>10.3f}{naive}",
                     flush=True,
                 )
 

@@ -4,13 +4,16 @@
     python examples/lightning_module.py SHARD [SHARD ...] --devices 2 --steps 2000 \\
         --resume checkpoints/last.ckpt
 
-Each DDP rank draws its own batches (the rank comes from torch.distributed), so no sampler is
-involved. Lightning saves the loader's state in every checkpoint and restores it with ckpt_path.
+Each DDP rank takes its own block of one global sample stream (the rank comes from
+torch.distributed), so no sampler is involved. Lightning saves the loader's state (rank 0's) in
+every checkpoint and restores it with ckpt_path, also on another number of devices or another
+``--batch-size``: the run continues the same stream of samples.
 By default the stream is endless and ``--steps`` bounds training; Lightning then fetches one batch
 ahead of the one it trains on, hence ``lookahead=1``. With ``--epoch-batches N`` the loader has a
 length (N batches per epoch, ``--epochs`` of them) and Lightning fetches nothing ahead
-(``lookahead=0``). ``--trace FILE`` appends, per rank and step, the epoch, a checksum of the batch
-and the loss (to check that a resumed run sees what a straight one would).
+(``lookahead=0``). ``--trace FILE`` appends, per rank and step, the epoch, a checksum of the batch,
+the loss and per clip its global sample index and checksum (to check that a resumed run sees
+what a straight one would).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
 import lightning as L
 import torch
@@ -41,16 +45,21 @@ class VideoModule(L.LightningModule):
         x = torch.relu(self.conv(video.transpose(1, 2)))  # [B, T, 3, S, S] -> [B, 3, T, S, S]
         return self.head(x.mean(dim=(2, 3, 4)))
 
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        video = batch.float() / 127.5 - 1
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        clips, meta = batch if isinstance(batch, (tuple, list)) else (batch, None)
+        video = clips.float() / 127.5 - 1
         loss = nn.functional.mse_loss(self(video), video.mean(dim=(1, 3, 4)))
         self.log("loss", loss, prog_bar=True)
-        if self.trace:
-            checksum = zlib.crc32(batch.cpu().numpy().tobytes())
+        if self.trace and meta is not None:
+            pixels = clips.cpu().numpy()
+            checksum = zlib.crc32(pixels.tobytes())
+            per_clip = " ".join(
+                f"{g}:{zlib.crc32(clip.tobytes())}" for g, clip in zip(meta["sample"], pixels)
+            )
             with open(self.trace, "a") as f:
                 f.write(
                     f"{self.global_rank} {self.global_step} {self.current_epoch} {checksum} "
-                    f"{loss.item():.8f}\n"
+                    f"{loss.item():.8f} {per_clip}\n"
                 )
         return loss
 
@@ -89,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         threads=args.threads,
         size=args.size,
         hflip=0.5,
+        with_meta=args.trace is not None,  # the trace names each clip's sample
     )
     epochs = args.epoch_batches is not None
     lookahead = 0 if epochs else 1  # Lightning fetches ahead only when the length is unknown

@@ -3,9 +3,10 @@
     python examples/torch_loop.py SHARD [SHARD ...] --steps 200 --checkpoint run.pt
     python examples/torch_loop.py SHARD [SHARD ...] --steps 400 --checkpoint run.pt  # resumes
 
-The checkpoint holds the model, the optimiser and the loader state (the seed and the next batch),
-so a resumed run trains on exactly the batches the uninterrupted run would have seen. The toy task
-(predict each clip's mean colour) stands in for a real model.
+The checkpoint holds the model, the optimiser and the loader state (the seed and the global
+samples consumed), so a resumed run trains on exactly the batches the uninterrupted run would
+have seen (also with another ``--batch-size``: the run continues the same stream of samples).
+The toy task (predict each clip's mean colour) stands in for a real model.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import tempfile
 from dataclasses import dataclass, field
 
 import av
@@ -46,6 +47,7 @@ class VideoSpec:
     blur: float = 0.0  # Gaussian sigma: natural-looking, band-limited frames when > 0
     options: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)  # stream metadata, e.g. rotate
+    muxer: dict[str, str] = field(default_factory=dict)  # muxer options, e.g. movflags
 
 
 def frame_rgb(spec: VideoSpec, i: int) -> np.ndarray:
@@ -75,8 +77,11 @@ def frame_rgb(spec: VideoSpec, i: int) -> np.ndarray:
 
 def make_video(spec: VideoSpec, path: str | None = None) -> bytes:
     """Encode the spec; returns the file bytes (and writes them to ``path`` when given)."""
-    buf = io.BytesIO()
-    out = av.open(buf, "w", format=spec.container if spec.container != "mkv" else "matroska")
+    # some muxer options (global_sidx) read their output back: they need a real file
+    temp = tempfile.NamedTemporaryFile(suffix=".mp4") if spec.muxer else None
+    buf: io.BytesIO | str = io.BytesIO() if temp is None else temp.name
+    fmt = spec.container if spec.container != "mkv" else "matroska"
+    out = av.open(buf, "w", format=fmt, options=spec.muxer)
     codec, opts = ENCODER_OPTIONS.get(spec.codec, (spec.codec, {}))
     from fractions import Fraction
 
@@ -92,7 +97,12 @@ def make_video(spec: VideoSpec, path: str | None = None) -> bytes:
     for packet in stream.encode():
         out.mux(packet)
     out.close()
-    data = buf.getvalue()
+    if temp is None:
+        assert isinstance(buf, io.BytesIO)
+        data = buf.getvalue()
+    else:
+        with temp:
+            data = temp.read()
     if path is not None:
         with open(path, "wb") as f:
             f.write(data)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 import shutil
 import struct
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from media import VideoSpec, decode_planes, make_video
+from reference import REFERENCE_ENV, REFERENCE_PYTHON, needs_reference
 from test_av1_syntax import ffmpeg_trace, obu
 
 from kohakuclip.codecs.av1 import (
@@ -391,11 +391,9 @@ def test_out_of_band_sequence_header(default_stream):
 
 # --- the reference wheel --------------------------------------------------------------------
 
-REFERENCE_PYTHON = "/tmp/kohakuclip-ref/python"
-
 
 @pytest.mark.reference
-@pytest.mark.skipif(not os.path.exists(REFERENCE_PYTHON), reason="reference wheel not installed")
+@needs_reference
 def test_keep_against_reference(stream, tmp_path):
     """The KohakuClip 1.0.0 wheel's keep (black box) is never smaller than ours: it keeps
     show_existing_frame samples whole and every frame that refreshes a slot, while ours drops
@@ -409,6 +407,7 @@ def test_keep_against_reference(stream, tmp_path):
         [REFERENCE_PYTHON, "-c", script, str(tmp_path / "s.zip"), str(tmp_path / "a.mp4")],
         check=True,
         capture_output=True,
+        env=REFERENCE_ENV,
     )
     with zipfile.ZipFile(tmp_path / "s.zip") as z:
         index = VideoIndex.from_buffer(z.read(INDEX_MEMBER))
@@ -458,7 +457,7 @@ def _replace_keep(shard: str, keep: np.ndarray) -> None:
 
 
 @pytest.mark.reference
-@pytest.mark.skipif(not os.path.exists(REFERENCE_PYTHON), reason="reference wheel not installed")
+@needs_reference
 def test_reference_reader_with_our_keep(tmp_path):
     """Our keep in a KohakuClip 1.0.0 shard: its reader, skipping, returns the frames of its
     own full decode (yuv, native planes) for 8 @ 6 fps and 8 random frame clips."""
@@ -479,11 +478,14 @@ def test_reference_reader_with_our_keep(tmp_path):
     """
     run = [REFERENCE_PYTHON, "-c", script, str(tmp_path / "s.zip")]
     tail = [json.dumps(clips), str(tmp_path / "a.mp4")]
-    subprocess.run([*run, "-", *tail], check=True, capture_output=True)
+    subprocess.run([*run, "-", *tail], check=True, capture_output=True, env=REFERENCE_ENV)
     shutil.copy(tmp_path / "s.zip", tmp_path / "ours.zip")
     _replace_keep(str(tmp_path / "ours.zip"), stream.deps.keep)
     done = subprocess.run(
-        [*run, str(tmp_path / "ours.zip"), *tail], check=True, capture_output=True
+        [*run, str(tmp_path / "ours.zip"), *tail],
+        check=True,
+        capture_output=True,
+        env=REFERENCE_ENV,
     )
     assert done.stdout.split()[-1] == b"True"
 

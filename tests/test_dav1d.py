@@ -1,5 +1,5 @@
-"""The direct libdav1d path against PyAV's decoder (its slow twin): identical pixels for every
-plan, clear errors on corrupt input, and PyAV for the streams the direct path does not take."""
+"""The compiled libdav1d share path against PyAV's decoder (its slow twin): identical pixels for
+every plan and mode, clear errors on corrupt input, and PyAV for the streams it does not take."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from media import VideoSpec, make_video
 
 from kohakuclip import ClipError, Reader
 from kohakuclip.decode import _dav1d
-from kohakuclip.decode.video import ClipDecoder
+from kohakuclip.decode._clips import Dav1dClips, ShareTables
+from kohakuclip.decode.pixels import yuv420_frame_bytes
+from kohakuclip.decode.video import ClipDecoder, takes_dav1d
 from kohakuclip.read.plan import plan_clip
 from kohakuclip.write.pack import pack
 
@@ -54,55 +56,52 @@ def test_the_wheel_ships_a_usable_libdav1d() -> None:
     assert _dav1d.library() is not None
 
 
+@pytest.mark.parametrize("mode", ["rgb", "yuv_resized", "yuv"])
 @pytest.mark.parametrize("skip", [True, "keep", False])
 @pytest.mark.parametrize("source", ["zip", "folder"])
-def test_direct_path_matches_pyav_pixel_for_pixel(
-    shards: Shards, source: str, skip: bool | str, monkeypatch: pytest.MonkeyPatch
+def test_compiled_path_matches_pyav_pixel_for_pixel(
+    shards: Shards, source: str, skip: bool | str, mode: str
 ) -> None:
     items = _items(40, np.random.default_rng(7))
     path = getattr(shards, source)
-    with Reader(path, size=24, threads=2, skip=skip, hflip=0.5) as reader:  # type: ignore[arg-type]
-        direct = reader.read(items, seed=3)
-        stats = reader.stats()
-    monkeypatch.setattr(_dav1d, "library", lambda: None)
-    with Reader(path, size=24, threads=2, skip=skip, hflip=0.5) as reader:  # type: ignore[arg-type]
-        pyav = reader.read(items, seed=3)
-        assert reader.stats()["frames_decoded"] == stats["frames_decoded"]
-    np.testing.assert_array_equal(direct.video, pyav.video)
-    np.testing.assert_array_equal(direct.crops, pyav.crops)
+    got = {}
+    for compiled in (True, False):
+        with Reader(path, size=24, threads=2, skip=skip, hflip=0.5, vflip=0.3, mode=mode) as reader:  # type: ignore[arg-type]
+            reader._compiled = compiled
+            out = np.zeros(reader.batch_shape(len(items), 6), np.uint8)  # yuv: window only
+            got[compiled] = reader.read(items, out, seed=3)
+    np.testing.assert_array_equal(got[True].video, got[False].video)
+    np.testing.assert_array_equal(got[True].crops, got[False].crops)
+    np.testing.assert_array_equal(got[True].flips, got[False].flips)
 
 
-def test_decoders_produce_the_same_frames_and_planes(shards: Shards) -> None:
+def test_compiled_decoder_produces_what_pyav_produces(shards: Shards) -> None:
     with Reader(shards.zip) as reader:
         track = reader._catalog.track(0)
-    plan = plan_clip(track, [3, 9, 17, 30], True)
-    got: dict[str, dict[int, tuple[np.ndarray, ...]]] = {}
-    produced = {}
-    for name, use in (("direct", True), ("pyav", False)):
-        decoder = ClipDecoder(use_dav1d=use)
-        assert (decoder._direct_decoder(track) is not None) == use
-        frames: dict[int, tuple[np.ndarray, ...]] = {}
-
-        def keep(planes: tuple[np.ndarray, ...], display: int, frames=frames) -> None:
-            h, w = track.height, track.width
-            ch, cw = (h + 1) // 2, (w + 1) // 2
-            frames[display] = (
-                planes[0][:h, :w].copy(),
-                planes[1][:ch, :cw].copy(),
-                planes[2][:ch, :cw].copy(),
+    assert takes_dav1d(track)
+    plans = [plan_clip(track, f, True) for f in ([3, 9, 17, 30], [0, 1], [39])]
+    tables = ShareTables("yuv", 16, 128)
+    fd = os.open(track.path, os.O_RDONLY)
+    try:
+        for slot, plan in enumerate(plans):
+            tables.add(
+                slot,
+                fd,
+                plan,
+                (0, 0, 70, 70),
+                (False, False),
+                np.eye(3, 4, dtype=np.float32),
+                track.prefix,
+                0,
             )
-
-        fd = os.open(track.path, os.O_RDONLY)
-        try:
-            produced[name] = decoder.decode(track, plan, fd, keep)
-        finally:
-            os.close(fd)
-        got[name] = frames
-    assert produced["direct"] == produced["pyav"]
-    assert sorted(got["direct"]) == [3, 9, 17, 30] == sorted(got["pyav"])
-    for display, planes in got["direct"].items():
-        for a, b in zip(planes, got["pyav"][display]):
-            np.testing.assert_array_equal(a, b)
+        out = np.zeros((3, 4, yuv420_frame_bytes(128)), np.uint8)
+        status = Dav1dClips().run(tables, out)
+        decoder = ClipDecoder()
+        produced = [decoder.decode(track, plan, fd, lambda planes, display: None) for plan in plans]
+    finally:
+        os.close(fd)
+    assert status[:, 0].tolist() == [0, 0, 0]
+    assert status[:, 2].tolist() == produced
 
 
 def test_corrupt_av1_sample_names_the_member_and_the_pool_keeps_working(
@@ -129,6 +128,6 @@ def test_ten_bit_av1_takes_the_pyav_path(tmp_path) -> None:
     pack(path, [("deep.mp4", make_video(spec))])
     with Reader(path, size=16) as reader:
         track = reader._catalog.track(0)
-        assert ClipDecoder()._direct_decoder(track) is None
+        assert not takes_dav1d(track)
         batch = reader.read([(0, [2, 11])])
     assert batch.video.shape == (1, 2, 3, 16, 16) and batch.video.std() > 1

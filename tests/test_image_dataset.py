@@ -12,7 +12,7 @@ from PIL import Image
 
 from kohakuclip.image_writer import write_images
 from kohakuclip.read.image_reader import ImageReader
-from kohakuclip.torch import ClipLoader, ImageDataset, batch_seed
+from kohakuclip.torch import ClipLoader, ImageDataset, sample_key
 
 SIZE, BATCH, IMAGES = 32, 4, 10
 
@@ -46,15 +46,51 @@ def take(loader: ClipLoader, n: int) -> list:
     return out
 
 
-def test_batches_are_the_reader_with_the_batch_seed(shards: list[str]) -> None:
+def test_batches_are_the_reader_with_the_sample_keys(shards: list[str]) -> None:
     ds = dataset(shards, with_meta=True, seed=4)
     images, meta = take(ClipLoader(ds), 2)[1]
     assert images.shape == (BATCH, 3, SIZE, SIZE) and images.dtype == torch.uint8
     ids = meta["image"].tolist()
     assert ids == ds.indices(1, IMAGES).tolist()
+    samples = list(range(BATCH, 2 * BATCH))
+    assert meta["sample"].tolist() == samples
     with ImageReader(shards, size=SIZE, hflip=0.5, crop="resized") as reader:
-        expected = reader.read(ids, seed=batch_seed(4, 0, 1)).image
-    np.testing.assert_array_equal(images.numpy(), expected)
+        expected = reader.read(ids, item_keys=[sample_key(4, g) for g in samples])
+        np.testing.assert_array_equal(images.numpy(), expected.image)
+        turned = reader.read(ids[::-1], item_keys=[sample_key(4, g) for g in samples[::-1]])
+    np.testing.assert_array_equal(turned.image[::-1], expected.image)  # keys, not positions
+    np.testing.assert_array_equal(turned.crops[::-1], expected.crops)
+
+
+@pytest.mark.parametrize("epochs", [False, True])
+def test_two_ranks_of_batch_2_hold_one_rank_of_batch_4(shards: list[str], epochs: bool) -> None:
+    """Ids and pixels (random resized crops and flips included) follow the global sample."""
+    one = take(ClipLoader(dataset(shards, epochs=epochs, with_meta=True)), 2)
+    ranks = [
+        take(
+            ClipLoader(
+                dataset(shards, epochs=epochs, batch_size=2, rank=r, world_size=2, with_meta=True)
+            ),
+            2,
+        )
+        for r in range(2)
+    ]
+    for step, (images, meta) in enumerate(one):
+        parts = [ranks[0][step], ranks[1][step]]
+        assert torch.equal(images, torch.cat([x for x, _ in parts]))
+        assert torch.equal(meta["image"], torch.cat([m["image"] for _, m in parts]))
+
+
+def test_mixed_image_shards_and_a_refused_state(shards: list[str]) -> None:
+    ds = dataset(shards, weights=[1, 1], with_meta=True)
+    assert ds.source_sizes() == [6, 4]
+    for _, meta in take(ClipLoader(ds), 2):
+        assert meta["mix"].tolist() == [int(i >= 6) for i in meta["image"].tolist()]
+        assert meta["source"] == [shards[k] for k in meta["mix"].tolist()]
+    state = ClipLoader(ds).state_dict()
+    assert state["sources"] == {"kind": "images", "items": [6, 4]}
+    with pytest.raises(ValueError, match="saved for 2 mixed sources of 6 \\+ 4 images"):
+        ClipLoader(dataset(shards)).load_state_dict(state)
 
 
 def test_meta_carries_captions_and_sidecars(shards: list[str]) -> None:

@@ -12,7 +12,7 @@ import pytest
 from image_media import encode, photo, psnr, write_tar, write_zip
 from PIL import Image
 
-from kohakuclip.decode.image import JPEG_COLORSPACE, dct_denominator, resize_into
+from kohakuclip.decode.image import JPEG_COLORSPACE, dct_denominator
 from kohakuclip.decode.pixels import Crop
 from kohakuclip.image_writer import write_images
 from kohakuclip.read.image_reader import ImageReader, ImageReadError
@@ -45,10 +45,19 @@ def _stored(shard: str) -> list[tuple[str, bytes]]:
 
 
 def _reference(data: bytes, crop: np.ndarray, size: int = SIZE) -> np.ndarray:
-    """Pillow's full decode, the window, an area-filtered resize: uint8 [3, size, size]."""
+    """Pillow's full decode, the window cut out, Pillow's resize with the reader's filter
+    (BILINEAR, or reduce at an exact integer shrink): uint8 [3, size, size]."""
+    return _pillow_window(Image.open(io.BytesIO(data)).convert("RGB"), crop, size)
+
+
+def _pillow_window(image: Image.Image, crop: np.ndarray, size: int) -> np.ndarray:
+    """The crop window of a Pillow image resized with the reader's filter: uint8 [3, S, S]."""
     x, y, w, h = (int(v) for v in crop)
-    image = Image.open(io.BytesIO(data)).convert("RGB")
-    out = image.resize((size, size), Image.Resampling.BOX, box=(x, y, x + w, y + h))
+    window = image.crop((x, y, x + w, y + h))
+    if w % size == 0 and h % size == 0 and w > size and h > size:
+        out = window.reduce((w // size, h // size))
+    else:
+        out = window.resize((size, size), Image.Resampling.BILINEAR)
     return np.asarray(out).transpose(2, 0, 1)
 
 
@@ -69,8 +78,8 @@ def test_dct_scaling_stays_close(shard):
     values = [
         psnr(batch.image[i], _reference(d, batch.crops[i])) for i, (_, d) in enumerate(stored)
     ]
-    # A 256 window shrunk 1/2 in the DCT: a sharper low-pass than the area filter; here about
-    # 3.5 dB below the full decode (42.7 against 46.3 dB at the worst image).
+    # A 256 window shrunk 1/2 in the DCT: a different low-pass than the resize's; here about
+    # 6 dB below the full decode (50.2 against 56.2 dB at the worst image).
     assert min(values) >= 38, values
 
 
@@ -79,18 +88,6 @@ def test_dct_denominator():
     assert dct_denominator(512, 512, Crop(0, 0, 512, 512), 128) == 4
     assert dct_denominator(512, 512, Crop(0, 0, 300, 512), 256) == 1
     assert dct_denominator(1024, 1024, Crop(0, 0, 1024, 1024), 100) == 8
-
-
-def test_resize_into_matches_area_filter():
-    src = photo(300, 410, seed=7)
-    dst = np.empty((128, 128, 3), np.uint8)
-    resize_into(src, dst)
-    ref = np.asarray(Image.fromarray(src).resize((128, 128), Image.Resampling.BOX))
-    assert psnr(dst, ref) > 38
-    up = np.empty((500, 500, 3), np.uint8)
-    resize_into(src, up)
-    ref = np.asarray(Image.fromarray(src).resize((500, 500), Image.Resampling.BILINEAR))
-    assert psnr(up, ref) > 38
 
 
 def test_indexed_zip_listed_zip_tar_folder_and_deflated_zip_agree(shard, tmp_path):
@@ -313,9 +310,12 @@ def test_reader_after_fork_reopens(shard):
 GULP_IMAGES = {f"img{i}": photo(90 + 10 * i, 130 - 8 * i, seed=300 + i) for i in range(3)}
 GULP_VIDEO = [photo(72, 100, seed=400 + t) for t in range(4)]
 GULP_FRAMES = len(GULP_IMAGES) + len(GULP_VIDEO)  # the image gulp, then the video's frames
-# Below every window the crops below give, so the resize always shrinks; by ratios under 2,
-# where the reader's fast area filter stays 38-42 dB from Pillow's exact box filter.
+# Below every window the crops below give, so the resize always shrinks, by ratios under 2. The
+# reader resizes these 4:2:0 JPEGs' chroma from its half-resolution planes, the reference (Pillow's
+# BILINEAR on the decoded RGB) after the decoder's upsampling: 36.9-45.9 dB apart at this size
+# (random resized crops at the low end; the old test's 38 assumed the old filter against a box).
 GULP_SIZE = 48
+GULP_PSNR = 36
 GULP_SCALE = (0.5, 1.0)
 
 
@@ -334,11 +334,7 @@ def gulp_dir(tmp_path_factory):
 
 
 def _reference_array(pixels: np.ndarray, crop: np.ndarray, size: int = GULP_SIZE) -> np.ndarray:
-    x, y, w, h = (int(v) for v in crop)
-    out = Image.fromarray(pixels).resize(
-        (size, size), Image.Resampling.BOX, box=(x, y, x + w, y + h)
-    )
-    return np.asarray(out).transpose(2, 0, 1)
+    return _pillow_window(Image.fromarray(pixels), crop, size)
 
 
 def _gulp_items(gulp_dir: str) -> list[tuple[str, int, np.ndarray, dict]]:
@@ -369,7 +365,7 @@ def test_gulp_frames_match_gulp_directory(gulp_dir, crop):
             ref = _reference_array(pixels, batch.crops[i])
             if batch.flips[i, 0]:
                 ref = ref[..., ::-1]
-            assert psnr(batch.image[i], ref) >= 38, (id_, frame)  # see GULP_SIZE
+            assert psnr(batch.image[i], ref) >= GULP_PSNR, (id_, frame)
     assert batch.flips[:, 0].any() and not batch.flips[:, 0].all()
 
 
@@ -377,8 +373,10 @@ def test_gulp_frames_with_dct_scaling_stay_close(gulp_dir):
     items = _gulp_items(gulp_dir)
     with ImageReader(gulp_dir, size=32, crop="center") as reader:
         batch = reader.read(range(GULP_FRAMES), seed=1)
-    for i, (id_, _, pixels, _) in enumerate(items):  # windows of 72-110 px: DCT shrink by 2
-        assert psnr(batch.image[i], _reference_array(pixels, batch.crops[i], 32)) >= 35, id_
+    # windows of 72-110 px: DCT shrink by 2, a different low-pass than the resize's, on top of
+    # the chroma path (see GULP_SIZE): measured 30.4-34.6 dB against the full decode's reference
+    for i, (id_, _, pixels, _) in enumerate(items):
+        assert psnr(batch.image[i], _reference_array(pixels, batch.crops[i], 32)) >= 29, id_
 
 
 def test_gulp_metadata_carries_the_labels(gulp_dir):
@@ -410,7 +408,7 @@ def test_gulp_dir_beside_an_image_shard(gulp_dir, shard):
                 ref = _reference_array(pixels, batch.crops[i])
                 assert reader.metadata(image_id)["meta"] == meta
                 assert (reader.info(image_id).member, reader.info(image_id).frame) == (id_, frame)
-            assert psnr(batch.image[i], ref) >= 38, image_id
+            assert psnr(batch.image[i], ref) >= GULP_PSNR, image_id
         assert reader.origin(9) == (gulp_dir, 1)
 
 
@@ -444,3 +442,11 @@ def test_image_dataset_meta_from_a_gulp_dir(gulp_dir):
         expected = [reader.metadata(i) for i in meta["image"].tolist()]
     assert meta["key"] == [r["key"] for r in expected]
     assert meta["meta"]["label"] == [r["meta"]["label"] for r in expected]
+
+
+def test_a_folder_of_shards_reads_as_its_shards(shard_dir, shard):
+    with ImageReader(str(shard_dir), size=SIZE) as folder, ImageReader(shard, size=SIZE) as one:
+        assert len(folder) == len(one) == 8
+        np.testing.assert_array_equal(
+            folder.read(range(8), seed=1).image, one.read(range(8), seed=1).image
+        )

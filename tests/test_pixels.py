@@ -1,5 +1,6 @@
-"""PixelWriter's rgb path: the numba conversion against numpy, the fused 2x box against the
-OpenCV resize it replaces, flips against numpy flips, and the fallbacks for views and odd crops."""
+"""PixelWriter's rgb path: the numba conversion against numpy (planes resized by the shared filter,
+which tests/test_resize.py checks against Pillow), the fused 2x box against exact means and
+OpenCV's area filter, flips against numpy flips, and the fallbacks for views and odd crops."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
+from kohakuclip.decode._resize import resize
 from kohakuclip.decode.pixels import Crop, PixelWriter, frame_planes, yuv_to_rgb_matrix
 
 S = 32
@@ -50,8 +52,8 @@ def test_conversion_matches_numpy_on_a_luma_window_of_the_output_size(
     rng = np.random.default_rng(0)
     y, u, v = _planes(rng, S, 2 * S, pad=16)
     got = _write((y, u, v), Crop(10, 0, S, S), colour)
-    # luma is read in place; chroma (half the window) is upscaled by OpenCV first
-    upscaled = [cv2.resize(c[: S // 2, 5 : 5 + S // 2], (S, S)) for c in (u, v)]
+    # luma is read in place; chroma (half the window) is upscaled by the shared filter first
+    upscaled = [resize(c[: S // 2, 5 : 5 + S // 2], S, S) for c in (u, v)]
     want = _numpy_rgb(y[:, 10 : 10 + S], upscaled[0], upscaled[1], colour)
     assert np.abs(got.astype(int) - want).max() <= 1
 
@@ -89,13 +91,13 @@ def test_views_and_odd_crops_take_the_general_path_with_the_same_result() -> Non
     y, u, v = _planes(rng, 2 * S, 2 * S + 10, pad=6)
     crop = Crop(4, 0, 2 * S, 2 * S)
     fused = _write((y, u, v), crop)
-    # strided views (not C-contiguous) go through OpenCV's resize, which agrees within rounding
+    # strided views (not C-contiguous) go through the shared filter's 2x box: within rounding
     views = _write((y[:, : 2 * S + 10], u[:, : S + 5], v[:, : S + 5]), crop)
     assert np.abs(fused.astype(int) - views).max() <= 1
     # an odd luma column cannot be read as pixel pairs: the general path, same picture (its
     # chroma window is one column wider, so resized)
     odd = _write((y, u, v), Crop(5, 0, 2 * S, 2 * S))
-    chroma = [cv2.resize(c[:S, 2:35], (S, S), interpolation=cv2.INTER_LINEAR) for c in (u, v)]
+    chroma = [resize(c[:S, 2:35], S, S) for c in (u, v)]
     want = _numpy_rgb(_box2(y[:, 5 : 5 + 2 * S]), *chroma, ("bt709", False))
     assert np.abs(odd.astype(int) - want).max() <= 1
 
@@ -105,10 +107,25 @@ def test_frame_planes_are_whole_rows_of_the_decoded_frame() -> None:
         np.random.default_rng(4).integers(0, 256, (3 * 30 // 2, 50), dtype=np.uint8),
         format="yuv420p",
     )
-    y, u, v = frame_planes(frame)
+    y, u, v, shifts = frame_planes(frame)
+    assert shifts == (1, 1)
     assert all(p.flags.c_contiguous for p in (y, u, v))
     assert y.shape[0] == 30 and y.shape[1] >= 50 and u.shape[0] == 15 and u.shape[1] >= 25
     packed = frame.to_ndarray()
     np.testing.assert_array_equal(y[:, :50], packed[:30])
     np.testing.assert_array_equal(u[:, :25].ravel(), packed[30:].ravel()[: 15 * 25])
     np.testing.assert_array_equal(v[:, :25].ravel(), packed[30:].ravel()[15 * 25 :])
+
+
+def test_frame_planes_of_full_chroma_and_gray_frames() -> None:
+    rng = np.random.default_rng(5)
+    planes = rng.integers(0, 256, (3, 20, 30), dtype=np.uint8)
+    frame = av.VideoFrame.from_ndarray(planes, format="yuv444p")
+    y, u, v, shifts = frame_planes(frame)
+    assert shifts == (0, 0)
+    for got, want in zip((y, u, v), planes):
+        np.testing.assert_array_equal(got[:20, :30], want)
+    y, u, v, shifts = frame_planes(av.VideoFrame.from_ndarray(planes[0], format="gray"))
+    assert shifts == (0, 0)
+    np.testing.assert_array_equal(y[:20, :30], planes[0])
+    assert (u == 128).all() and (v == 128).all() and u.shape == y.shape

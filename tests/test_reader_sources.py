@@ -149,3 +149,27 @@ def test_edit_list_trims_are_read_as_shown(tmp_path, codec: str) -> None:
     for t, f in enumerate(frames):
         luma = batch.video[0, t, : 96 * 96].reshape(96, 96)
         assert np.array_equal(luma, shown[f][0][y : y + h, x : x + w]), f
+
+
+def test_a_folder_of_shards_and_a_single_file_are_sources(tmp_path) -> None:
+    from media import VideoSpec, make_video
+
+    from kohakuclip.write.pack import pack
+
+    videos = [make_video(VideoSpec(frames=12, seed=s)) for s in range(3)]
+    out = tmp_path / "out"
+    out.mkdir()
+    pack(str(out / "shard_00000.zip"), [("a.mp4", videos[0]), ("b.mp4", videos[1])])
+    pack(str(out / "shard_00001.zip"), [("c.mp4", videos[2])])
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "c.mp4").write_bytes(videos[2])
+    items = [(0, [1, 5]), (1, [0, 11]), (2, [3, 4])]
+    with Reader(str(out), size=16, crop="center") as folder:
+        assert [folder.info(v).member for v in range(3)] == ["a.mp4", "b.mp4", "c.mp4"]
+        from_folder = folder.read(items).video
+    shards = [str(out / "shard_00000.zip"), str(out / "shard_00001.zip")]
+    with Reader(shards, size=16, crop="center") as listed:
+        np.testing.assert_array_equal(listed.read(items).video, from_folder)
+    with Reader(str(tmp_path / "one" / "c.mp4"), size=16, crop="center") as single:
+        assert len(single) == 1 and single.info(0).member == "c.mp4"
+        np.testing.assert_array_equal(single.read([(0, [3, 4])]).video, from_folder[2:])

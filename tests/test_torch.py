@@ -18,12 +18,13 @@ from torch.utils.data import DataLoader
 
 import kohakuclip
 from kohakuclip.torch import (
+    STATE_VERSION,
     ClipDataset,
     ClipLoader,
-    batch_seed,
     collate_meta,
-    item_rng,
     rank_and_world,
+    sample_key,
+    sample_rng,
 )
 
 SIZE, FRAMES, BATCH = 32, 4, 3
@@ -85,10 +86,10 @@ def broken(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def dataset(source: Path, **kw: object) -> ClipDataset:
+def dataset(source: Any, **kw: object) -> ClipDataset:
     options: dict[str, Any] = dict(batch_size=BATCH, frames=FRAMES, size=SIZE, threads=1)
     options.update(hflip=0.5, **kw)
-    return ClipDataset(str(source), **options)
+    return ClipDataset(str(source) if isinstance(source, Path) else source, **options)
 
 
 def take(loader: ClipLoader, n: int) -> list:
@@ -111,27 +112,187 @@ def assert_same_batches(a: list, b: list) -> None:
         assert torch.equal(x, y)
 
 
-def test_batches_follow_from_seed_rank_and_index(videos: Path) -> None:
-    """Each item's video and frames come from item_rng(seed, rank, batch, item) and
-    kohakuclip.clip; the pixels are the reader's for those items and batch_seed."""
+def test_batches_follow_from_the_global_sample_stream(videos: Path) -> None:
+    """Item j of batch b of rank 1 of 2 is sample g = (2 b + 1) B + j: its video and frames
+    come from sample_rng(seed, g) and kohakuclip.clip, its crop and flips from sample_key."""
     ds = dataset(videos, seed=5, fps=12.0, rank=1, world_size=2, with_meta=True)
     batches = take(ClipLoader(ds), 3)
     reader = kohakuclip.Reader(str(videos), size=SIZE, hflip=0.5)  # left open: see the top
     for b, (video, meta) in enumerate(batches):
+        samples = [(2 * b + 1) * BATCH + j for j in range(BATCH)]
         items = []
-        for j in range(BATCH):
-            rng = item_rng(5, 1, b, j)
+        for g in samples:
+            rng = sample_rng(5, g)
             vid = int(rng.integers(len(reader)))
             info = reader.info(vid)
             items.append((vid, kohakuclip.clip(info.n, FRAMES, rng, 12.0, info.fps)))
-        assert meta["batch"] == b
+        assert meta["batch"] == b and meta["sample"].tolist() == samples
         assert meta["video"].tolist() == [vid for vid, _ in items]
         assert meta["frames"].tolist() == [f for _, f in items]
-        expected = reader.read(items, seed=batch_seed(5, 1, b)).video
+        keys = [sample_key(5, g) for g in samples]
+        expected = reader.read(items, item_keys=keys).video
         assert video.shape == (BATCH, FRAMES, 3, SIZE, SIZE) and video.dtype == torch.uint8
         np.testing.assert_array_equal(video.numpy(), expected)
     # not a constant stream: batches differ from each other
     assert not torch.equal(batches[0][0], batches[1][0])
+
+
+def test_a_clip_is_the_same_at_any_position_of_a_batch(videos: Path) -> None:
+    """item_keys: the crop and flips follow the key, not the position in the batch."""
+    reader = kohakuclip.Reader(str(videos), size=SIZE, hflip=0.5)
+    items = [(1, [0, 2, 4, 6]), (3, [1, 2, 3, 4]), (4, [5, 6, 7, 8])]
+    keys = [11, 12, 13]
+    straight = reader.read(items, item_keys=keys)
+    turned = reader.read(items[::-1], item_keys=keys[::-1])
+    np.testing.assert_array_equal(straight.video, turned.video[::-1])
+    np.testing.assert_array_equal(straight.crops, turned.crops[::-1])
+    flips = [reader.read(items[:1], item_keys=[k]).flips[0, 0] for k in range(16)]
+    assert 0 < sum(flips) < 16  # the key decides the flip
+    legacy = reader.read(items, seed=3)  # without keys: (seed, position) as before
+    assert np.array_equal(legacy.video, reader.read(items, seed=3).video)
+    with pytest.raises(ValueError, match="2 keys for 3 items"):
+        reader.submit(items, item_keys=[1, 2])
+
+
+@pytest.mark.parametrize("epochs", [False, True])
+def test_one_rank_of_batch_4_equals_two_ranks_of_batch_2(videos: Path, epochs: bool) -> None:
+    """The ranks of a step hold together what one rank with their summed batch reads: ids,
+    frames and pixels (crop and flips included)."""
+    one = take(ClipLoader(dataset(videos, batch_size=4, epochs=epochs, with_meta=True)), 3)
+    ranks = [
+        take(
+            ClipLoader(
+                dataset(videos, batch_size=2, epochs=epochs, rank=r, world_size=2, with_meta=True)
+            ),
+            3,
+        )
+        for r in range(2)
+    ]
+    for step, (video, meta) in enumerate(one):
+        parts = [ranks[r][step] for r in range(2)]
+        assert torch.equal(video, torch.cat([v for v, _ in parts]))
+        for key in ("sample", "video", "frames"):
+            assert torch.equal(meta[key], torch.cat([m[key] for _, m in parts]))
+        assert meta["sample"].tolist() == list(range(4 * step, 4 * step + 4))
+
+
+@pytest.fixture(scope="session")
+def two_folders(videos: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Folder "a" holds v0 and v1, folder "b" v2, v3 and v4 (copies of the session's videos)."""
+    root = tmp_path_factory.mktemp("mix")
+    out = {}
+    for name, ids in (("a", [0, 1]), ("b", [2, 3, 4])):
+        (root / name).mkdir()
+        for i in ids:
+            shutil.copy(videos / f"v{i}.mp4", root / name / f"v{i}.mp4")
+        out[name] = str(root / name)
+    return out
+
+
+def rank_loaders(
+    source: Any,
+    world: int,
+    batch: int,
+    state: dict | None,
+    workers: tuple[int, ...] | None = None,
+    **kw: Any,
+) -> list:
+    """One loader per rank of ``world``, each given ``state`` (rank 0's, as Lightning does)."""
+    loaders = []
+    for r in range(world):
+        ds = dataset(source, batch_size=batch, rank=r, world_size=world, with_meta=True, **kw)
+        count = workers[r] if workers is not None else 0
+        loader = ClipLoader(ds, workers=count, timeout=WORKER_TIMEOUT)
+        if state is not None:
+            loader.load_state_dict(state)
+        loaders.append(loader)
+    return loaders
+
+
+def by_sample(batches: list) -> dict[int, tuple[int, list[int], torch.Tensor]]:
+    """Global sample index -> (video id, frames, pixels) over (video, meta) batches."""
+    out = {}
+    for video, meta in batches:
+        for j, g in enumerate(meta["sample"].tolist()):
+            out[g] = (int(meta["video"][j]), meta["frames"][j].tolist(), video[j])
+    return out
+
+
+def test_random_stream_resumes_on_another_world_size_and_batch(videos: Path) -> None:
+    """Two ranks of batch 2 for 2 steps, then three ranks of batch 3 from rank 0's state: the
+    same samples (ids, frames, pixels) as one rank of batch 4 straight through."""
+    straight = by_sample(take(ClipLoader(dataset(videos, batch_size=4, with_meta=True)), 5))
+    first = rank_loaders(videos, 2, 2, None)
+    got = by_sample([b for loader in first for b in take(loader, 2)])
+    state = first[0].state_dict()
+    assert state["samples"] == 8 and state == first[1].state_dict()
+    got |= by_sample([b for loader in rank_loaders(videos, 3, 3, state) for b in take(loader, 1)])
+    assert sorted(got) == list(range(17))
+    for g, (vid, frames, pixels) in got.items():
+        assert (vid, frames) == straight[g][:2], g
+        assert torch.equal(pixels, straight[g][2]), g
+
+
+def test_epoch_started_on_two_ranks_resumed_on_three_visits_every_video_once(
+    videos: Path,
+) -> None:
+    n = len(LENGTHS)
+    first = rank_loaders(videos, 2, 1, None, epochs=True)
+    before = by_sample([b for loader in first for b in take(loader, 2)])
+    state = first[0].state_dict()
+    assert sorted(before) == [0, 1, 2, 3] and state["samples"] == 4
+    # the rest on three ranks of batch 1, rank 2 in two DataLoader worker processes
+    loaders = rank_loaders(videos, 3, 1, state, epochs=True, workers=(0, 0, 2))
+    after = by_sample([b for loader in loaders for b in take(loader, 2)])
+    assert sorted(after) == list(range(4, 10))
+    epoch0 = [before[g][0] for g in range(4)] + [after[g][0] for g in range(4, n)]
+    assert sorted(epoch0) == list(range(n))  # every video exactly once
+    epoch1 = [after[g][0] for g in range(n, 10)]
+    assert len(set(epoch1)) == len(epoch1)  # the next epoch starts without repeats
+
+
+def test_mixed_sources_record_their_source_and_keep_their_proportions(
+    two_folders: dict[str, str],
+) -> None:
+    ds = ClipDataset(
+        two_folders, 4, FRAMES, size=SIZE, threads=1, weights={"a": 3, "b": 1}, with_meta=True
+    )
+    assert ds.source_sizes() == [2, 3]
+    batches = take(ClipLoader(ds), 3)
+    for _, meta in batches:
+        for vid, mix, name, source in zip(
+            meta["video"].tolist(), meta["mix"].tolist(), meta["mix_name"], meta["source"]
+        ):
+            assert (mix, name) == ((0, "a") if vid < 2 else (1, "b"))
+            assert source == two_folders[name]
+    # the proportions, over many samples (ids only, no decoding)
+    n = 4000
+    ids = np.concatenate([ds.indices(b) for b in range(n // 4)])
+    share = float(np.mean(ids < 2))
+    assert abs(share - 0.75) < 5 * (0.75 * 0.25 / n) ** 0.5
+    state = ClipLoader(ds).state_dict()
+    assert state["sources"] == {"kind": "videos", "items": [2, 3]}
+    # epoch mode: each folder once per epoch, at its own pace
+    epochs = ClipDataset(two_folders, 4, FRAMES, weights=[3, 1], epochs=True, size=SIZE)
+    ids = np.concatenate([epochs.indices(b) for b in range(10)])
+    a, b = ids[ids < 2], ids[ids >= 2]
+    assert sorted(a[:2].tolist()) == [0, 1] and sorted(b[:3].tolist()) == [2, 3, 4]
+    assert len(a) > 2 * len(b)
+
+
+def test_a_state_from_other_sources_is_refused(videos: Path, two_folders: dict[str, str]) -> None:
+    state = ClipLoader(dataset(videos)).state_dict()
+    with pytest.raises(ValueError, match=r"other sources.*saved for 6 videos.*reads 2 videos"):
+        ClipLoader(dataset(two_folders["a"])).load_state_dict(state)
+    mixed = ClipLoader(dataset(two_folders, weights=[1, 1]))
+    with pytest.raises(ValueError, match=r"reads 2 mixed sources of 2 \+ 3 videos"):
+        mixed.load_state_dict(state)
+    ours = mixed.state_dict()
+    with pytest.raises(ValueError, match="other sources"):
+        ClipLoader(dataset(two_folders, weights={"b": 1, "a": 1})).load_state_dict(
+            {**ours, "sources": {"kind": "videos", "items": [3, 2]}}
+        )
+    mixed.load_state_dict(ours)  # its own state loads
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
@@ -175,7 +336,14 @@ def test_resume_continues_with_the_batches_of_a_straight_run(
     first = ClipLoader(dataset(videos, seed=3), workers=workers, timeout=WORKER_TIMEOUT)
     assert_same_batches(take(first, stop) if stop else [], straight[:stop])
     state = first.state_dict()
-    assert state == {"seed": 3, "batch": stop}
+    assert state == {
+        "version": STATE_VERSION,
+        "seed": 3,
+        "samples": stop * BATCH,
+        "source_samples": [stop * BATCH],
+        "batch": stop,
+        "sources": {"kind": "videos", "items": [len(LENGTHS)]},
+    }
     resumed = ClipLoader(
         dataset(videos, seed=999), workers=workers, timeout=WORKER_TIMEOUT
     )  # the state brings the seed
@@ -206,16 +374,17 @@ def test_a_new_iteration_continues_the_stream(videos: Path) -> None:
     assert_same_batches(got, straight)
 
 
-def test_ranks_draw_their_own_streams(videos: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ranks_take_interleaved_blocks_of_one_stream(
+    videos: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     per_rank = [
         [dataset(videos, rank=r, world_size=3).indices(b, 1000).tolist() for b in range(20)]
         for r in range(3)
     ]
-    for r in range(3):
-        for s in range(r):
-            assert per_rank[r] != per_rank[s]
-            same = sum(a == b for a, b in zip(per_rank[r], per_rank[s]))
-            assert same == 0  # 3 draws out of 1000 agree by chance with probability ~3e-3
+    one = [dataset(videos, batch_size=3 * BATCH).indices(b, 1000).tolist() for b in range(20)]
+    for b in range(20):
+        assert per_rank[0][b] + per_rank[1][b] + per_rank[2][b] == one[b]
+    assert len({tuple(x) for r in per_rank for x in r}) == 60  # no two batches alike
     # ranks from the environment when torch.distributed is not initialised
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "3")
@@ -259,8 +428,8 @@ def test_epochs_visit_every_video_once_per_epoch_across_ranks(
         )
         for r in range(world)
     ]
-    # interleave the ranks: global position k * world + r is item k of rank r
-    merged = np.stack(streams, axis=1).reshape(-1)
+    # the global stream: step s holds rank 0's batch, then rank 1's, ...
+    merged = np.stack([x.reshape(rounds, batch) for x in streams], axis=1).reshape(-1)
     epochs = len(merged) // n
     assert epochs >= 4
     orders = merged[: epochs * n].reshape(epochs, n)
@@ -338,7 +507,12 @@ def test_global_random_state_is_untouched(videos: Path) -> None:
 
 def test_metadata_names_each_clip(videos: Path) -> None:
     _, meta = take(ClipLoader(dataset(videos, with_meta=True, seed=2)), 1)[0]
-    assert set(meta) == {"batch", "video", "frames", "source", "member", "meta"}
+    assert set(meta) == {
+        *("batch", "video", "frames", "source", "member", "meta"),
+        *("sample", "mix", "mix_name"),
+    }
+    assert meta["sample"].tolist() == list(range(BATCH))
+    assert meta["mix"].tolist() == [0] * BATCH and meta["mix_name"] == ["0"] * BATCH
     assert meta["video"].dtype == torch.int64 and meta["video"].shape == (BATCH,)
     assert meta["frames"].shape == (BATCH, FRAMES)
     for vid, member, frames in zip(meta["video"].tolist(), meta["member"], meta["frames"]):
@@ -367,7 +541,7 @@ def test_custom_sampler_and_spread(videos: Path) -> None:
     ds = dataset(videos, sampler=kohakuclip.random_frames, frames=5, with_meta=True)
     _, meta = ds.read_batch(0)
     for j, (vid, frames) in enumerate(zip(meta["video"].tolist(), meta["frames"].tolist())):
-        rng = item_rng(0, 0, 0, j)
+        rng = sample_rng(0, j)
         assert vid == int(rng.integers(len(LENGTHS)))
         assert frames == kohakuclip.random_frames(LENGTHS[vid], 5, rng)
     _, meta = dataset(videos, spread=True, with_meta=True).read_batch(0)
@@ -408,10 +582,27 @@ def test_bad_loader_arguments(videos: Path, kw: dict, match: str) -> None:
 
 def test_bad_state_is_refused(videos: Path) -> None:
     loader = ClipLoader(dataset(videos))
+    good = loader.state_dict()
+    with pytest.raises(ValueError, match="version 3"):
+        loader.load_state_dict({**good, "version": 3})
+    with pytest.raises(ValueError, match=">= 0"):
+        loader.load_state_dict({**good, "samples": -1})
+    with pytest.raises(ValueError, match="add up"):
+        loader.load_state_dict({**good, "samples": 5})
+    with pytest.raises(KeyError):
+        loader.load_state_dict({"version": STATE_VERSION, "seed": 0})
+    # a state without a version (the seed and a batch count) still loads, with a warning
     with pytest.raises(ValueError, match="batch"):
         loader.load_state_dict({"seed": 0, "batch": -1})
     with pytest.raises(KeyError):
         loader.load_state_dict({"batch": 2})
+    with pytest.warns(UserWarning, match="without a version"):
+        loader.load_state_dict({"seed": 4, "batch": 2})
+    state = loader.state_dict()
+    assert (state["seed"], state["samples"], state["batch"]) == (4, 2 * BATCH, 2)
+    _, meta = ClipLoader(dataset(videos, with_meta=True, seed=4)).dataset.read_batch(2)
+    loader.dataset.with_meta = True
+    assert take(loader, 1)[0][1]["sample"].tolist() == meta["sample"].tolist()
 
 
 def test_kohakuclip_imports_without_torch() -> None:
@@ -446,20 +637,27 @@ def test_torch_loop_example_resumes_exactly(videos: Path, tmp_path: Path) -> Non
     interrupted = tmp_path / "interrupted.pt"
     first = run_torch_loop(videos, 3, interrupted)
     state = torch.load(interrupted)
-    assert state["step"] == 3 and state["loader"] == {"seed": 0, "batch": 3}
+    assert state["step"] == 3
+    assert state["loader"]["seed"] == 0 and state["loader"]["batch"] == 3
+    assert state["loader"]["samples"] == 3 * 2
     rest = run_torch_loop(videos, 6, interrupted, "--workers", "2")
     assert len(straight) == 6 and len(first) == 3 and len(rest) == 3
     np.testing.assert_allclose(first + rest, straight, rtol=1e-5)
     assert len(set(straight)) == 6
 
 
-def read_trace(path: Path) -> dict[tuple[int, int], tuple[int, int, float]]:
-    """(rank, step) -> (epoch, batch checksum, loss) from the Lightning example's --trace file."""
-    out = {}
+def read_trace(path: Path) -> tuple[dict[tuple[int, int], tuple[int, int, float]], dict]:
+    """From the Lightning example's --trace file: (rank, step) -> (epoch, batch checksum, loss),
+    and global sample index -> clip checksum."""
+    steps, samples = {}, {}
     for line in path.read_text().splitlines():
-        rank, step, epoch, checksum, loss = line.split()
-        out[int(rank), int(step)] = (int(epoch), int(checksum), float(loss))
-    return out
+        rank, step, epoch, checksum, loss, *clips = line.split()
+        steps[int(rank), int(step)] = (int(epoch), int(checksum), float(loss))
+        for clip in clips:
+            g, crc = clip.split(":")
+            assert int(g) not in samples, g  # no sample twice
+            samples[int(g)] = int(crc)
+    return steps, samples
 
 
 def run_lightning(videos: Path, tmp_path: Path, trace: str, *extra: str) -> None:
@@ -480,24 +678,43 @@ def assert_resumed_matches(resumed: dict, straight: dict) -> None:
         assert loss == pytest.approx(straight[key][2], rel=1e-5)
 
 
+def loader_state(ckpt: Path) -> dict:
+    state = torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]
+    (loader,) = state["combined_loader"]
+    return loader
+
+
 @pytest.mark.slow
 def test_lightning_ddp_resume_matches_a_straight_run(videos: Path, tmp_path: Path) -> None:
+    """Two DDP ranks of batch 2, resumed at step 2 on two ranks and at step 4 on one device of
+    batch 4: the same samples, and (gradients being averaged over the ranks) the same losses."""
     pytest.importorskip("lightning", reason="Lightning is not installed")
     ddp = ("--devices", "2", "--steps", "6")
     run_lightning(videos, tmp_path, "straight.txt", *ddp)
-    straight = read_trace(tmp_path / "straight.txt")
+    straight, samples = read_trace(tmp_path / "straight.txt")
     assert sorted(straight) == [(r, s) for r in range(2) for s in range(6)]
+    assert sorted(samples) == list(range(24))  # step s of rank r: samples (2 s + r) 2 + j
     for step in range(6):  # two DDP ranks, two different batches at every step
         assert straight[0, step][1] != straight[1, step][1]
-    for at, workers in ((2, "1"), (4, "0")):
-        ckpt = tmp_path / "ckpt" / f"step{at}.ckpt"
-        state = torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]
-        assert state["combined_loader"] == [{"seed": 0, "batch": at}]
-        trace = f"resumed{at}.txt"
-        run_lightning(videos, tmp_path, trace, *ddp, "--resume", str(ckpt), "--workers", workers)
-        resumed = read_trace(tmp_path / trace)
-        assert sorted(resumed) == [(r, s) for r in range(2) for s in range(at, 6)]
-        assert_resumed_matches(resumed, straight)
+    ckpt = tmp_path / "ckpt" / "step2.ckpt"
+    state = loader_state(ckpt)
+    assert (state["seed"], state["samples"], state["batch"]) == (0, 8, 2)
+    run_lightning(videos, tmp_path, "resumed2.txt", *ddp, "--resume", str(ckpt), "--workers", "1")
+    resumed, clips = read_trace(tmp_path / "resumed2.txt")
+    assert sorted(resumed) == [(r, s) for r in range(2) for s in range(2, 6)]
+    assert_resumed_matches(resumed, straight)
+    assert clips == {g: samples[g] for g in range(8, 24)}
+    # another device count and batch: one device of batch 4 from the DDP run's step 4
+    ckpt = tmp_path / "ckpt" / "step4.ckpt"
+    assert loader_state(ckpt)["samples"] == 16
+    one = ("--devices", "1", "--steps", "6", "--batch-size", "4")
+    run_lightning(videos, tmp_path, "resumed4.txt", *one, "--resume", str(ckpt))
+    resumed, clips = read_trace(tmp_path / "resumed4.txt")
+    assert sorted(resumed) == [(0, 4), (0, 5)]
+    assert clips == {g: samples[g] for g in range(16, 24)}
+    for step in (4, 5):
+        mean = (straight[0, step][2] + straight[1, step][2]) / 2
+        assert resumed[0, step][2] == pytest.approx(mean, rel=1e-4)
 
 
 @pytest.mark.slow
@@ -505,18 +722,20 @@ def test_lightning_epochs_resume_mid_epoch_and_at_a_boundary(videos: Path, tmp_p
     pytest.importorskip("lightning", reason="Lightning is not installed")
     epochs = ("--devices", "1", "--epoch-batches", "3", "--epochs", "3")
     run_lightning(videos, tmp_path, "straight.txt", *epochs)
-    straight = read_trace(tmp_path / "straight.txt")
+    straight, samples = read_trace(tmp_path / "straight.txt")
     assert sorted(straight) == [(0, s) for s in range(9)]
     assert [straight[0, s][0] for s in range(9)] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert len({checksum for _, checksum, _ in straight.values()}) == 9  # no batch repeats
+    assert sorted(samples) == list(range(18))
     for at in (4, 6):  # inside epoch 1, and the end of epoch 1
         ckpt = tmp_path / "ckpt" / f"step{at}.ckpt"
-        state = torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]
-        assert state["combined_loader"] == [{"seed": 0, "batch": at}]
+        state = loader_state(ckpt)
+        assert (state["seed"], state["samples"], state["batch"]) == (0, 2 * at, at)
         run_lightning(videos, tmp_path, f"resumed{at}.txt", *epochs, "--resume", str(ckpt))
-        resumed = read_trace(tmp_path / f"resumed{at}.txt")
+        resumed, clips = read_trace(tmp_path / f"resumed{at}.txt")
         assert sorted(resumed) == [(0, s) for s in range(at, 9)]
         assert_resumed_matches(resumed, straight)
+        assert clips == {g: samples[g] for g in range(2 * at, 18)}
 
 
 def test_forkserver_workers_give_the_same_batches(videos: Path) -> None:

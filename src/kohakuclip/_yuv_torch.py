@@ -2,15 +2,18 @@
 
 The Reader's yuv modes ship 4:2:0 planes (half the bytes of rgb at the output size, or the
 stored-resolution crop window) and leave the rest to the device that trains: per plane the
-window is resized to the output with the same filter as the CPU rgb mode (for shrinks of 2x or
-more a box prefilter by the integer factor, then bilinear with half-pixel centres, edges
-clamped; chroma goes straight from its half-resolution window to the output), then the clip's
-own matrix and range, flips, and scaling.
+window is resized to the output with the CPU's filter and its integer arithmetic
+(``decode._resize``: the same taps, vertical pass first, rounded to 8 bits after each pass; a
+luma window of exactly twice the output is the 2x2 mean the CPU's conversion takes unrounded,
+a chroma one the 2x2 box rounded once; chroma goes straight from its half-resolution window to
+the output), then the clip's own matrix and range, flips, and scaling. So the finish gives the
+rgb mode's pixels, to within the last bit of the float32 conversion.
 
-Two implementations share one description of the work (per item: windows, box factors, flips,
-matrix): plain torch here, which resizes with two small batched matmuls per plane (flips folded
-into the weights) and runs anywhere, and a single-pass Triton kernel (``kohakuclip.gpu``) used
-for CUDA tensors when triton imports.
+Two implementations share one description of the work (per item: windows, rounding, flips,
+matrix, and the taps of each plane and axis): plain torch here, which resizes with two small
+batched float64 matmuls per plane (exact on these integers; flips folded into the weights) and
+runs anywhere, and a single-pass Triton kernel (``kohakuclip.gpu``, integer taps) used for CUDA
+tensors when triton imports.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from kohakuclip.decode._resize import PRECISION_BITS, resize_taps
 from kohakuclip.decode.pixels import yuv420_frame_bytes, yuv_to_rgb_matrix
 
 Backend = Literal["auto", "torch", "triton"]
@@ -30,7 +34,12 @@ Backend = Literal["auto", "torch", "triton"]
 _COLORSPACES = ("bt601", "bt709")
 
 # Columns of the per-item geometry table shared with the Triton kernel.
-_LUMA_H, _LUMA_W, _LUMA_K, _CHROMA_H, _CHROMA_W, _CHROMA_K, _HFLIP, _VFLIP = range(8)
+_LUMA_H, _LUMA_W, _LUMA_ROUND, _CHROMA_H, _CHROMA_W, _CHROMA_ROUND, _HFLIP, _VFLIP = range(8)
+
+# Rounding of a plane's resize: after each pass (the general filter), once at the end (the 2x2
+# box of a chroma window twice the output), or never (a luma window twice the output: the CPU
+# averages its 2x2 boxes inside the conversion).
+ROUND_EACH_PASS, ROUND_AT_END, ROUND_NEVER = 2, 1, 0
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,8 @@ class _Job:
     side: int  # packed square side of each frame's planes
     size: int  # output side
     geometry: np.ndarray  # int32 [N, 8], columns _LUMA_H ... _VFLIP
+    starts: np.ndarray  # int32 [N, 2 (luma, chroma), 2 (rows, columns), size]
+    weights: np.ndarray  # int32 [N, 2, 2, size, K], fixed point (PRECISION_BITS)
     matrices: np.ndarray  # float32 [N, 3, 4]: [R G B] = M @ [Y U V 1]
     scale: np.ndarray  # float32 [3]
     offset: np.ndarray  # float32 [3]
@@ -179,6 +190,7 @@ def _prepare(
         raise ValueError(f"size must be a positive int, got {size!r}")
     size = int(size)
     geometry = _geometry(mode, items, side, size, crops, flips)
+    starts, weights = _taps(geometry, size)
     flat = tensor.reshape(items * per_item, tensor.shape[-1])
     if device is not None and torch.device(device) != flat.device:
         flat = flat.to(device, non_blocking=flat.is_pinned())
@@ -189,6 +201,8 @@ def _prepare(
         side=side,
         size=size,
         geometry=geometry,
+        starts=starts,
+        weights=weights,
         matrices=_matrices(items, colorspaces, full_range),
         scale=_per_channel("scale", scale, dtype),
         offset=_per_channel("offset", offset, dtype),
@@ -204,14 +218,34 @@ def _as_numpy(name: str, value: Any, shape: tuple[int, ...]) -> np.ndarray:
     return array
 
 
-def _box_factor(height: np.ndarray, width: np.ndarray, size: int) -> np.ndarray:
-    """The integer box prefilter of a >=2x shrink (1 = none), as the CPU rgb mode picks it."""
-    k = np.minimum(height // size, width // size)
-    return np.where(k >= 2, k, 1)
+def _rounding(height: np.ndarray, width: np.ndarray, size: int, never: int) -> np.ndarray:
+    """Per item: how the CPU rounds this plane's resize (``never``: what a 2x2 box gets)."""
+    box2 = (height == 2 * size) & (width == 2 * size)
+    return np.where(box2, never, ROUND_EACH_PASS)
+
+
+def _taps(geometry: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Starts [N, 2, 2, size] and weights [N, 2, 2, size, K] (zero-padded) of the shared filter,
+    per item, plane (luma, chroma) and axis (rows, columns)."""
+    items = geometry.shape[0]
+    columns = ((_LUMA_H, _LUMA_W), (_CHROMA_H, _CHROMA_W))
+    taps = {
+        (i, p, a): resize_taps(int(geometry[i, columns[p][a]]), size)
+        for i in range(items)
+        for p in range(2)
+        for a in range(2)
+    }
+    k = max(w.shape[1] for _, w in taps.values())
+    starts = np.zeros((items, 2, 2, size), np.int32)
+    weights = np.zeros((items, 2, 2, size, k), np.int32)
+    for (i, p, a), (s, w) in taps.items():
+        starts[i, p, a] = s
+        weights[i, p, a, :, : w.shape[1]] = w
+    return starts, weights
 
 
 def _geometry(mode: str, items: int, side: int, size: int, crops: Any, flips: Any) -> np.ndarray:
-    """Per item: luma and chroma windows (top-left of each plane), box factors, flips."""
+    """Per item: luma and chroma windows (top-left of each plane), rounding, flips."""
     table = np.zeros((items, 8), np.int64)
     if mode == "yuv_resized":
         chroma = (side + 1) // 2
@@ -228,8 +262,10 @@ def _geometry(mode: str, items: int, side: int, size: int, crops: Any, flips: An
         table[:, _CHROMA_H], table[:, _CHROMA_W] = (h + 1) // 2, (w + 1) // 2
         if flips is not None:
             table[:, [_HFLIP, _VFLIP]] = _as_numpy("flips", flips, (items, 2)).astype(bool)
-    table[:, _LUMA_K] = _box_factor(table[:, _LUMA_H], table[:, _LUMA_W], size)
-    table[:, _CHROMA_K] = _box_factor(table[:, _CHROMA_H], table[:, _CHROMA_W], size)
+    table[:, _LUMA_ROUND] = _rounding(table[:, _LUMA_H], table[:, _LUMA_W], size, ROUND_NEVER)
+    table[:, _CHROMA_ROUND] = _rounding(
+        table[:, _CHROMA_H], table[:, _CHROMA_W], size, ROUND_AT_END
+    )
     return table.astype(np.int32)
 
 
@@ -268,61 +304,59 @@ def _per_channel(name: str, value: float | Sequence[float], dtype: torch.dtype) 
     return array
 
 
-def _axis_weights(
-    length: torch.Tensor,
-    box: torch.Tensor,
-    flip: torch.Tensor,
-    size: int,
-    extent: int,
-    compute: torch.dtype,
+def _dense(
+    starts: torch.Tensor, weights: torch.Tensor, extent: int, flip: torch.Tensor
 ) -> torch.Tensor:
-    """[N, size, extent] resampling weights along one axis: output ``i`` of item ``n`` reads
-    two boxes of ``box[n]`` source samples, bilinear between them; rows reversed when flipped."""
-    device = length.device
-    cells = length // box  # prefiltered grid length
-    last = (cells - 1)[:, None]
-    centre = (torch.arange(size, device=device, dtype=compute) + 0.5)[None, :]
-    pos = (centre * cells[:, None].to(compute)) / size - 0.5
-    pos = torch.minimum(pos.clamp_min(0.0), last.to(compute))
-    first = pos.floor()
-    frac = (pos - first)[..., None]
-    lo = first.long()
-    hi = torch.minimum(lo + 1, last)
-    src = torch.arange(extent, device=device)[None, None, :]
-    cell = src // box[:, None, None]  # samples past the last whole box match no cell
-    weights = (cell == lo[..., None]) * (1.0 - frac) + (cell == hi[..., None]) * frac
-    weights = weights / box[:, None, None].to(compute)
-    return torch.where(flip[:, None, None], weights.flip(1), weights)
+    """[N, size, extent] float64 matrices of one axis's taps (exact: fixed point scaled by a
+    power of two); rows reversed where ``flip``."""
+    n, size, k = weights.shape
+    index = starts.long()[..., None] + torch.arange(k, device=starts.device)
+    inside = index < extent
+    values = torch.where(inside, weights.double(), 0.0) * 2.0**-PRECISION_BITS
+    dense = torch.zeros((n, size, extent), dtype=torch.float64, device=starts.device)
+    dense.scatter_add_(2, index.clamp(max=extent - 1), values)
+    return torch.where(flip[:, None, None], dense.flip(1), dense)
+
+
+def _round8(x: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded half up and clamped to 0..255 for the items ``where`` says ([N] bool)."""
+    rounded = torch.floor(x + 0.5).clamp_(0.0, 255.0)
+    return torch.where(where.view(-1, *([1] * (x.ndim - 1))), rounded, x)
 
 
 def _resize_planes(
     planes: torch.Tensor,
     geometry: torch.Tensor,
-    cols: tuple[int, int, int],
+    taps: tuple[torch.Tensor, torch.Tensor],
+    plane: int,
     job: _Job,
-    compute: torch.dtype,
 ) -> torch.Tensor:
-    """[N, T, size, size]: each item's top-left window of uint8 ``planes`` [N, T, P, P], resized.
+    """[N, T, size, size] float64: each item's top-left window of uint8 ``planes`` [N, T, P, P]
+    resized as the CPU does (``plane``: 0 luma, 1 chroma; its geometry columns and taps).
 
-    Two matmuls batched over items only (frames fold into the rows), so the weights are never
-    expanded per frame.
+    Two matmuls batched over items (frames fold into the rows), vertical first, each rounded
+    to 8 bits where the CPU rounds.
     """
-    h_col, w_col, k_col = cols
-    n, t, s = planes.shape[0], planes.shape[1], job.size
+    h_col, w_col, r_col = (
+        (_LUMA_H, _LUMA_W, _LUMA_ROUND)
+        if plane == 0
+        else (
+            _CHROMA_H,
+            _CHROMA_W,
+            _CHROMA_ROUND,
+        )
+    )
+    starts, weights = taps
     rows = int(job.geometry[:, h_col].max())
     columns = int(job.geometry[:, w_col].max())
-    box = geometry[:, k_col].long()
-    along_y = _axis_weights(
-        geometry[:, h_col].long(), box, geometry[:, _VFLIP].bool(), s, rows, compute
-    )
-    along_x = _axis_weights(
-        geometry[:, w_col].long(), box, geometry[:, _HFLIP].bool(), s, columns, compute
-    )
-    window = planes[..., :rows, :columns].to(compute)
-    wide = window.reshape(n, t * rows, columns) @ along_x.transpose(1, 2)  # [N, T*rows, S]
-    wide = wide.reshape(n, t, rows, s).transpose(2, 3).reshape(n, t * s, rows)
-    done = wide @ along_y.transpose(1, 2)  # [N, T*S (x), S (y)]
-    return done.reshape(n, t, s, s).transpose(2, 3)
+    along_y = _dense(starts[:, plane, 0], weights[:, plane, 0], rows, geometry[:, _VFLIP].bool())
+    along_x = _dense(starts[:, plane, 1], weights[:, plane, 1], columns, geometry[:, _HFLIP].bool())
+    rounding = geometry[:, r_col]
+    window = planes[..., :rows, :columns].double()
+    tall = along_y[:, None] @ window  # [N, T, S, columns]
+    tall = _round8(tall, rounding == ROUND_EACH_PASS)
+    done = tall @ along_x.transpose(1, 2)[:, None]  # [N, T, S, S]
+    return _round8(done, rounding != ROUND_NEVER)
 
 
 def _upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -334,24 +368,38 @@ def _upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return table.pin_memory().to(device, non_blocking=True)
 
 
-def _tables(job: _Job) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Geometry, matrices [N, 3, 4], scale [3] and offset [3] on the job's device, in 2 copies."""
+def _tables(
+    job: _Job,
+) -> tuple[
+    torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor
+]:
+    """Geometry, taps (starts, weights), matrices [N, 3, 4], scale [3] and offset [3] on the
+    job's device, in 2 copies."""
     device = job.frames.device
     floats = _upload(np.concatenate([job.matrices.ravel(), job.scale, job.offset]), device)
     end = job.items * 12
     matrices = floats[:end].view(job.items, 3, 4)
-    return _upload(job.geometry, device), matrices, floats[end : end + 3], floats[end + 3 :]
+    ints = _upload(
+        np.concatenate([job.geometry.ravel(), job.starts.ravel(), job.weights.ravel()]), device
+    )
+    g, st = job.geometry.size, job.starts.size
+    geometry = ints[:g].view(job.geometry.shape)
+    starts = ints[g : g + st].view(job.starts.shape)
+    weights = ints[g + st :].view(job.weights.shape)
+    return geometry, (starts, weights), matrices, floats[end : end + 3], floats[end + 3 :]
 
 
 def _convert_triton(job: _Job) -> torch.Tensor:
     """The Triton kernel: [N * T, 3, size, size] in ``job.dtype``."""
     from kohakuclip import gpu
 
-    geometry, matrices, scale, offset = _tables(job)
+    geometry, (starts, weights), matrices, scale, offset = _tables(job)
     out = torch.empty(
         (job.items * job.per_item, 3, job.size, job.size), dtype=job.dtype, device=geometry.device
     )
-    gpu.convert(job.frames, geometry, matrices, scale, offset, job.per_item, job.side, out)
+    gpu.convert(
+        job.frames, geometry, starts, weights, matrices, scale, offset, job.per_item, job.side, out
+    )
     return out
 
 
@@ -363,9 +411,9 @@ def _convert_torch(job: _Job) -> torch.Tensor:
     flat = job.frames.reshape(n, t, -1)
     luma = flat[..., : p * p].reshape(n, t, p, p)
     chroma = flat[..., p * p : p * p + 2 * c * c].reshape(n, t * 2, c, c)  # U, V of each frame
-    geometry, matrices, scale, offset = _tables(job)
-    luma_size = _resize_planes(luma, geometry, (_LUMA_H, _LUMA_W, _LUMA_K), job, compute)
-    chroma_size = _resize_planes(chroma, geometry, (_CHROMA_H, _CHROMA_W, _CHROMA_K), job, compute)
+    geometry, taps, matrices, scale, offset = _tables(job)
+    luma_size = _resize_planes(luma, geometry, taps, 0, job).to(compute)
+    chroma_size = _resize_planes(chroma, geometry, taps, 1, job).to(compute)
     yuv = torch.cat([luma_size[:, :, None], chroma_size.reshape(n, t, 2, s, s)], dim=2)
     m = matrices.to(compute)[:, None]
     rgb = m[..., :3] @ yuv.reshape(n, t, 3, s * s)

@@ -1,4 +1,4 @@
-"""``kohakuclip``: the package's command line (``kohakuclip demo``)."""
+"""``kohakuclip``: the package's command line (``demo``, ``inspect``, ``verify``, ``merge``)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,60 @@ def demo(args: argparse.Namespace) -> int:
         return _demo_in(args, root)
 
 
+def inspect(args: argparse.Namespace) -> int:
+    """Print a table (or JSON) of the videos in the sources; draw a contact sheet if asked."""
+    from kohakuclip.summary import describe, format_table, to_json
+
+    videos = describe(args.paths, gulp_fps=args.gulp_fps)
+    print(to_json(videos) if args.json else format_table(videos))
+    if args.sheet:
+        from kohakuclip.sheet import contact_sheet
+
+        width, height = contact_sheet(
+            args.paths, args.sheet, args.columns, args.thumb, args.max_videos, args.threads
+        )
+        print(f"contact sheet: {args.sheet} ({width}x{height})", file=sys.stderr)
+    return 1 if any(v.error is not None for v in videos) else 0
+
+
+def verify(args: argparse.Namespace) -> int:
+    """Check every frame (or a sample) of the sources; print each problem; 1 if any."""
+    from tqdm import tqdm
+
+    from kohakuclip.check import verify as run_verify
+
+    report = run_verify(
+        args.paths,
+        sample=args.sample,
+        threads=args.threads,
+        seed=args.seed,
+        progress=not args.no_progress,
+        on_problem=lambda problem: tqdm.write(str(problem)),
+    )
+    print(
+        f"verified {report.videos} videos ({report.frames} frames) in {report.sources} sources: "
+        f"{len(report.problems) or 'no'} problems"
+    )
+    return 0 if report.ok else 1
+
+
+def merge_command(args: argparse.Namespace) -> int:
+    """Write the dataset view over every part in a folder."""
+    from kohakuclip.write.merge import MergeError, merge
+
+    try:
+        result = merge(args.out)
+    except (MergeError, OSError) as e:
+        print(f"kohakuclip merge: error: {e}", file=sys.stderr)
+        return 2
+    unit = "videos" if result.kind == "video" else "images"
+    print(
+        f"{result.count} {unit} in {result.shards} shards ({result.bytes / 1e6:.1f} MB) from "
+        f"{result.parts} part(s): {result.view}"
+    )
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kohakuclip", description="kohakuclip tools")
     commands = p.add_subparsers(dest="command", required=True)
@@ -100,6 +154,34 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--batches", type=int, default=20, help="batches to read (default: 20)")
     d.add_argument("--size", type=int, default=256, help="output size (default: 256)")
     d.set_defaults(run=demo)
+
+    threads = os.cpu_count() or 1
+    i = commands.add_parser("inspect", help="list the videos of shards, folders, gulp directories")
+    i.add_argument("paths", nargs="+", help="shards (zip / tar), folders, gulp directories")
+    i.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    i.add_argument("--sheet", default=None, help="draw a contact sheet into this PNG")
+    i.add_argument("--columns", type=int, default=8, help="frames per video on the sheet")
+    i.add_argument("--thumb", type=int, default=128, help="side of a frame on the sheet (px)")
+    i.add_argument("--max-videos", type=int, default=200, help="videos on the sheet at most")
+    i.add_argument("--threads", type=int, default=threads, help="decode threads (default: CPUs)")
+    i.add_argument("--gulp-fps", type=float, default=None, help="frame rate of gulp videos")
+    i.set_defaults(run=inspect)
+
+    v = commands.add_parser("verify", help="decode every frame and check the index")
+    v.add_argument("paths", nargs="+", help="shards (zip / tar), folders, gulp directories")
+    v.add_argument("--sample", type=int, default=None, help="check K frames per video, not all")
+    v.add_argument("--threads", type=int, default=threads, help="decode threads (default: CPUs)")
+    v.add_argument("--seed", type=int, default=0, help="picks the sampled frames")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
+    v.set_defaults(run=verify)
+
+    m = commands.add_parser(
+        "merge",
+        help="write the dataset view (dataset.json, manifest.parquet, skipped.jsonl) over every "
+        "part written into a folder",
+    )
+    m.add_argument("out", help="the folder the parts wrote into")
+    m.set_defaults(run=merge_command)
     return p
 
 

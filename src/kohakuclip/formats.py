@@ -129,3 +129,29 @@ AV1_DEPS_KEY = "av1deps"
 after the frame records, at the end of the index member. The table cannot be a member of its
 own: KohakuClip 1.0.0 counts every member but the index as a video, while it ignores both an
 unknown header key and bytes after the records."""
+
+SHARD_SUFFIXES = (".zip", ".tar")
+"""Archive sources; a folder holding these and no videos (images) is read as its shards."""
+
+SKIPPED_FILE = "skipped.jsonl"
+"""Beside the shards: one JSON line per source left out, ``{"source", "reason", ...}``."""
+
+PART_PREFIX = "part-{:05d}-of-{:05d}"
+"""Prefix (then ``.``) of every file part I of N writes: ``part-00003-of-00010.shard_00000.zip``,
+``part-00003-of-00010.manifest.parquet``, ``part-00003-of-00010.skipped.jsonl``."""
+
+DATASET_FILE = "dataset.json"
+"""The dataset view ``kohakuclip merge`` writes over every shard of a folder. JSON::
+
+    {"format": DATASET_FORMAT, "version": 1, "kind": "video" | "image",
+     "count": total videos (images), "bytes": total shard bytes, "manifest": "manifest.parquet",
+     "shards": [{"name", "count", "bytes", "index": [offset, size],
+                 "records": offset (video only), "deps": offset or -1 (video only)}, ...]}
+
+``shards`` is sorted by name; ids run through them in that order, and within a shard in index
+order. ``index`` is the byte range of the shard's index member, ``records`` the absolute offset
+of its first FRAME_RECORD and ``deps`` that of its KCAV1D table, so a reader opens no shard until
+it reads from it. The per-video facts (member, frames, fps, size, codec, colorspace, prefix) are
+the merged manifest's columns; ``bytes`` lets a reader notice a shard replaced after the merge."""
+
+DATASET_FORMAT = "kohakuclip dataset view"

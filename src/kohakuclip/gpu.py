@@ -1,11 +1,12 @@
 """The Triton kernel behind ``kohakuclip.torch.yuv_to_rgb`` on CUDA: one pass per output pixel.
 
-Each program writes a block of output pixels of one frame: per plane it reads the two by two
-boxes of the antialiased resize (box prefilter by the item's integer factor, bilinear between
-boxes, half-pixel centres, clamped edges; chroma straight from its half-resolution window),
-applies the item's YUV -> RGB matrix, clamps, scales and stores R, G and B. Flips only change
-which source position an output pixel reads. The plain torch path in ``kohakuclip._yuv_torch``
-does the same arithmetic and is the reference for this kernel.
+Each program writes a block of output pixels of one frame: per plane it applies the taps of the
+shared resize (``decode._resize``: per item, plane and axis, integer fixed point) in the CPU's
+integer arithmetic (vertical pass first, each pass rounded to 8 bits, or the 2x2 box rounded
+once or not at all, as the item's rounding column says; chroma straight from its
+half-resolution window), applies the item's YUV -> RGB matrix, clamps, scales and stores R, G
+and B. Flips only change which output's taps a pixel uses. The plain torch path in
+``kohakuclip._yuv_torch`` does the same arithmetic and is the reference for this kernel.
 
 Importable without triton: ``available()`` says whether the kernel can run.
 """
@@ -39,42 +40,41 @@ def interpreting() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _sample_plane(plane, stride, height, width, box, sy, sx, size, mask):
-        """Resampled value of the top-left ``height`` x ``width`` window of one plane."""
-        rows = height // box
-        cols = width // box
-        py = ((sy.to(tl.float32) + 0.5) * rows.to(tl.float32)) / size - 0.5
-        px = ((sx.to(tl.float32) + 0.5) * cols.to(tl.float32)) / size - 0.5
-        py = tl.minimum(tl.maximum(py, 0.0), (rows - 1).to(tl.float32))
-        px = tl.minimum(tl.maximum(px, 0.0), (cols - 1).to(tl.float32))
-        y0 = py.to(tl.int32)  # truncation is floor: positions are >= 0
-        x0 = px.to(tl.int32)
-        fy = py - y0.to(tl.float32)
-        fx = px - x0.to(tl.float32)
-        top = y0 * box * stride
-        bottom = tl.minimum(y0 + 1, rows - 1) * box * stride
-        left = x0 * box
-        right = tl.minimum(x0 + 1, cols - 1) * box
-        a = tl.zeros(fy.shape, tl.float32)
-        b = tl.zeros(fy.shape, tl.float32)
-        c = tl.zeros(fy.shape, tl.float32)
-        d = tl.zeros(fy.shape, tl.float32)
-        for dy in range(0, box):
-            for dx in range(0, box):
-                at = plane + dy * stride + dx
-                a += tl.load(at + top + left, mask=mask, other=0).to(tl.float32)
-                b += tl.load(at + top + right, mask=mask, other=0).to(tl.float32)
-                c += tl.load(at + bottom + left, mask=mask, other=0).to(tl.float32)
-                d += tl.load(at + bottom + right, mask=mask, other=0).to(tl.float32)
-        upper = (1.0 - fx) * a + fx * b
-        lower = (1.0 - fx) * c + fx * d
-        return ((1.0 - fy) * upper + fy * lower) / (box * box).to(tl.float32)
+    def _sample_plane(plane, stride, starts, weights, taps, rounding, sy, sx, size, mask):
+        """Resized value at (``sy``, ``sx``) of one plane's top-left window: ``starts`` [2, S]
+        and ``weights`` [2, S, taps] (rows, then columns) of this item and plane."""
+        bias = 1 << 21  # PRECISION_BITS = 22
+        unit = 1.0 / 4194304.0
+        row0 = tl.load(starts + sy, mask=mask, other=0)
+        col0 = tl.load(starts + size + sx, mask=mask, other=0)
+        row_w = weights + sy * taps
+        col_w = weights + size * taps + sx * taps
+        exact = tl.zeros(sy.shape, tl.int32)
+        unrounded = tl.zeros(sy.shape, tl.float32)
+        for i in range(0, taps):
+            wh = tl.load(col_w + i, mask=mask, other=0)
+            column = plane + col0 + i
+            acc = tl.zeros(sy.shape, tl.int32)
+            for j in range(0, taps):
+                wv = tl.load(row_w + j, mask=mask, other=0)
+                live = mask & (wv != 0) & (wh != 0)
+                pixel = tl.load(column + (row0 + j) * stride, mask=live, other=0)
+                acc += pixel.to(tl.int32) * wv
+            exact += tl.minimum(tl.maximum((acc + bias) >> 22, 0), 255) * wh
+            unrounded += acc.to(tl.float32) * unit * (wh.to(tl.float32) * unit)
+        exact = tl.minimum(tl.maximum((exact + bias) >> 22, 0), 255)
+        once = tl.minimum(tl.maximum(tl.floor(unrounded + 0.5), 0.0), 255.0)
+        value = tl.where(rounding == 1, once, unrounded)
+        return tl.where(rounding == 2, exact.to(tl.float32), value)
 
     @triton.jit
     def _yuv_to_rgb_kernel(
         src,
         out,
         geometry,
+        starts,
+        weights,
+        taps,
         matrices,
         scale,
         offset,
@@ -100,15 +100,22 @@ if triton is not None:
         half = (side + 1) // 2
         u_plane = luma + side * side
         v_plane = u_plane + half * half
-        lh = tl.load(meta + 0)
-        lw = tl.load(meta + 1)
-        lk = tl.load(meta + 2)
-        ch = tl.load(meta + 3)
-        cw = tl.load(meta + 4)
-        ck = tl.load(meta + 5)
-        y = _sample_plane(luma, side, lh, lw, lk, sy, sx, size, mask)
-        u = _sample_plane(u_plane, half, ch, cw, ck, sy, sx, size, mask)
-        v = _sample_plane(v_plane, half, ch, cw, ck, sy, sx, size, mask)
+        luma_round = tl.load(meta + 2)
+        chroma_round = tl.load(meta + 5)
+        # per item: [plane (luma, chroma)][axis (rows, columns)][size] starts, [.., taps] weights
+        luma_starts = starts + item.to(tl.int64) * 4 * size
+        luma_weights = weights + item.to(tl.int64) * 4 * size * taps
+        chroma_starts = luma_starts + 2 * size
+        chroma_weights = luma_weights + 2 * size * taps
+        y = _sample_plane(
+            luma, side, luma_starts, luma_weights, taps, luma_round, sy, sx, size, mask
+        )
+        u = _sample_plane(
+            u_plane, half, chroma_starts, chroma_weights, taps, chroma_round, sy, sx, size, mask
+        )
+        v = _sample_plane(
+            v_plane, half, chroma_starts, chroma_weights, taps, chroma_round, sy, sx, size, mask
+        )
         m = matrices + item * 12
         dst = out + frame.to(tl.int64) * 3 * size * size + pixel
         for channel in tl.static_range(3):
@@ -127,6 +134,8 @@ if triton is not None:
 def convert(
     frames: torch.Tensor,
     geometry: torch.Tensor,
+    starts: torch.Tensor,
+    weights: torch.Tensor,
     matrices: torch.Tensor,
     scale: torch.Tensor,
     offset: torch.Tensor,
@@ -136,9 +145,11 @@ def convert(
 ) -> None:
     """Fill ``out`` [F, 3, S, S] from packed frames [F, L] (uint8) on one device.
 
-    ``geometry``: int32 [N, 8] per item: luma window height, width, box factor, chroma window
-    height, width, box factor, horizontal flip, vertical flip. ``matrices``: float32 [N, 12]
-    (3x4 row-major, on 8-bit values). ``scale`` / ``offset``: float32 [3], used for float
+    ``geometry``: int32 [N, 8] per item: luma window height, width, rounding (2: after each
+    pass, 1: once at the end, 0: never), chroma window height, width, rounding, horizontal
+    flip, vertical flip. ``starts`` / ``weights``: int32 [N, 2, 2, S] / [N, 2, 2, S, K], the
+    resize taps per item, plane (luma, chroma) and axis (rows, columns). ``matrices``: float32
+    [N, 12] (3x4 row-major, on 8-bit values). ``scale`` / ``offset``: float32 [3], used for float
     outputs (uint8 outputs are rounded instead). Frame ``f`` belongs to item ``f // per_item``.
     """
     if triton is None:
@@ -148,6 +159,9 @@ def convert(
         frames,
         out,
         geometry.to(torch.int32).contiguous(),
+        starts.to(torch.int32).contiguous(),
+        weights.to(torch.int32).contiguous(),
+        weights.shape[-1],
         matrices.to(torch.float32).contiguous(),
         scale.to(torch.float32).contiguous(),
         offset.to(torch.float32).contiguous(),

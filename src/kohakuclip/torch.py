@@ -1,10 +1,13 @@
 """PyTorch training layer: endless streams of whole batches, a loader, resume and ranks.
 
-A dataset here is an ``IterableDataset`` whose items are whole batches. Batch ``i`` of a rank is a
-pure function of ``(seed, rank, i)``: every random choice (which video, which frames, the crop and
-flips) comes from numpy Generators keyed by ``(seed, rank, batch, item)``. So a DataLoader with any
+A dataset here is an ``IterableDataset`` whose items are whole batches cut from one global
+sample stream (``kohakuclip.read.stream``): sample ``g`` (its source, video or image, frames,
+crop and flips) is a pure function of ``(seed, g)``, and batch ``s`` of rank ``r`` in a world of
+``W`` ranks with per-rank batch ``B`` holds samples ``(s W + r) B + j``. So a DataLoader with any
 number of workers yields the same batches (worker ``w`` of ``K`` makes batches ``w, w + K, ...``
-and the DataLoader interleaves them in order), and resuming needs only the seed and a batch count.
+and the DataLoader interleaves them in order), the ranks of a step hold together what one rank
+with batch ``W B`` would read, and resuming needs only the seed and the samples consumed, on
+any world size and batch.
 
 Nothing that owns threads, decoders or memory maps crosses a fork: each process opens its own
 reader on first use and never touches one it inherited.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
@@ -24,26 +28,35 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from kohakuclip._yuv_torch import yuv_to_rgb
-from kohakuclip.read.permute import permute
-from kohakuclip.read.seeding import derive_seed, generator
+from kohakuclip.read.seeding import derive_seed
+from kohakuclip.read.stream import (
+    Draw,
+    SampleStream,
+    mixture,
+    sample_key,
+    sample_keys,
+    sample_rng,
+)
 
 __all__ = [
+    "STATE_VERSION",
     "BatchDataset",
     "ClipDataset",
     "ClipLoader",
     "ImageDataset",
-    "batch_seed",
     "collate_meta",
-    "item_rng",
     "rank_and_world",
+    "sample_key",
+    "sample_keys",
+    "sample_rng",
     "yuv_to_rgb",
 ]
 
 Sampler = Callable[[int, int, np.random.Generator], Sequence[int]]
 """``sampler(n_video_frames, frames, rng) -> display-order frame indices`` (e.g. random_frames)."""
 
-_CROP_FLIP_STREAM = 1
-"""Tag that keeps the submit seed's stream apart from the per-item streams."""
+STATE_VERSION = 2
+"""Format of ``ClipLoader.state_dict()``; 1 (no ``version`` key) counted batches per rank."""
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -54,16 +67,6 @@ def rank_and_world() -> tuple[int, int]:
     if not 0 <= rank < world:
         raise ValueError(f"RANK={rank} does not fit WORLD_SIZE={world}")
     return rank, world
-
-
-def item_rng(seed: int, rank: int, batch: int, item: int) -> np.random.Generator:
-    """The Generator behind item ``item`` of batch ``batch`` of ``rank``: video and frame choice."""
-    return generator(seed, rank, batch, item)
-
-
-def batch_seed(seed: int, rank: int, batch: int) -> int:
-    """The int seed a reader gets for one batch; it derives each item's crop and flips from it."""
-    return derive_seed(seed, rank, batch, _CROP_FLIP_STREAM)
 
 
 def _usable_cpus() -> int:
@@ -99,20 +102,26 @@ def collate_meta(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 class BatchDataset(IterableDataset):
-    """Base of the batch datasets: seeding, ranks, epochs, worker split, in-flight decoding.
+    """Base of the batch datasets: the sample stream, ranks, sources, in-flight decoding.
 
-    A subclass says how to open its reader, how many things it draws from, how one drawn index
+    A subclass says how to open its reader (over ``self.mixture.flat``), how a drawn item id
     becomes a reader item, the batch shape and the per-batch metadata. ``epochs=False`` draws
-    indices uniformly at random; ``epochs=True`` walks a seeded permutation per epoch, the ranks
-    taking interleaved positions, so all ranks together see every index once per epoch.
-    ``threads=None`` shares the usable CPUs between the DataLoader workers and the ranks on this
-    node (LOCAL_WORLD_SIZE, as torchrun sets it).
+    items uniformly at random; ``epochs=True`` walks a seeded permutation per epoch, so all ranks
+    together see every item once per epoch (per source when mixed). ``sources`` with ``weights``
+    mix several sources (see ``kohakuclip.read.stream.mixture``): each sample picks its source
+    by its own seeded draw. ``threads=None`` shares the usable CPUs between the DataLoader
+    workers and the ranks on this node (LOCAL_WORLD_SIZE, as torchrun sets it).
     """
+
+    kind = "items"
+    """What the sources hold (``"videos"``, ``"images"``): part of the state's fingerprint."""
 
     def __init__(
         self,
+        sources: Any,
         batch_size: int,
         *,
+        weights: Any = None,
         epochs: bool = False,
         seed: int = 0,
         threads: int | None = None,
@@ -129,6 +138,9 @@ class BatchDataset(IterableDataset):
         if rank is not None and world_size is not None and not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} does not fit world_size {world_size}")
         derive_seed(seed)  # validates the seed early
+        self.sources = sources
+        self.weights = weights
+        self.mixture = mixture(sources, weights)
         self.batch_size = batch_size
         self.epochs = epochs
         self.seed = seed
@@ -136,6 +148,9 @@ class BatchDataset(IterableDataset):
         self.with_meta = with_meta
         self._ranks = None if rank is None or world_size is None else (rank, world_size)
         self._start = 0
+        self._origin: tuple[int, int, tuple[int, ...]] = (0, 0, ())  # samples, batch, per source
+        self._sizes: list[int] | None = None  # items per source, once a reader was opened
+        self._stream_cache: tuple[Any, SampleStream] | None = None
         self._reader: Any = None
         self._reader_pid = -1
         self._inherited: list[Any] = []
@@ -145,9 +160,9 @@ class BatchDataset(IterableDataset):
     def _open_reader(self, threads: int) -> Any:
         raise NotImplementedError
 
-    def _population(self, reader: Any) -> int:
-        """How many things (videos, images) batches draw from."""
-        return len(reader)
+    def _path_counts(self, reader: Any) -> list[int]:
+        """Items per path of ``self.mixture.flat``, in order."""
+        raise NotImplementedError
 
     def _make_item(self, reader: Any, index: int, rng: np.random.Generator) -> Any:
         raise NotImplementedError
@@ -158,7 +173,7 @@ class BatchDataset(IterableDataset):
     def _meta(self, reader: Any, batch: int, items: list[Any], result: Any) -> dict[str, Any]:
         raise NotImplementedError
 
-    # --- ranks and items ----------------------------------------------------------------------
+    # --- ranks, sources and the sample stream -------------------------------------------------
 
     @property
     def rank_world(self) -> tuple[int, int]:
@@ -169,36 +184,94 @@ class BatchDataset(IterableDataset):
         """Fix the ranks in this object before worker processes copy it (they lack the group)."""
         self._ranks = self.rank_world
 
-    def indices(self, batch: int, population: int) -> np.ndarray:
-        """What batch ``batch`` of this rank draws: indices into the population, int64 [B]."""
-        return np.array([index for index, _ in self._draws(batch, population)], dtype=np.int64)
+    def source_sizes(self) -> list[int]:
+        """Items (videos, images) per source of the mixture (opens this process's reader)."""
+        if self._sizes is None:
+            reader = self._reader_here()
+            if len(self.mixture.paths) == 1:
+                self._sizes = [len(reader)]
+            else:
+                counts = iter(self._path_counts(reader))
+                self._sizes = [sum(next(counts) for _ in p) for p in self.mixture.paths]
+        return self._sizes
 
-    def _draws(self, batch: int, population: int) -> list[tuple[int, np.random.Generator]]:
-        """Per item: the drawn index and its Generator (which then picks frames, etc.)."""
+    def fingerprint(self) -> dict[str, Any]:
+        """What a saved state must match: the kind and the item count of each source."""
+        return {"kind": self.kind, "items": self.source_sizes()}
+
+    def _new_stream(self, sizes: Sequence[int]) -> SampleStream:
+        return self._stream_from(self.seed, self._origin, sizes)
+
+    def _stream_from(
+        self, seed: int, origin: tuple[int, int, tuple[int, ...]], sizes: Sequence[int]
+    ) -> SampleStream:
+        stream = SampleStream(seed, sizes, self.mixture.weights, self.epochs, self.mixture.names)
+        samples, _, seen = origin
+        if seen:
+            stream.restart(samples, seen)
+        return stream
+
+    def sample_stream(self) -> SampleStream:
+        """The sample stream of this seed and resume point over this process's sources."""
+        key = (self.seed, self._origin, self.epochs)
+        if self._stream_cache is None or self._stream_cache[0] != key:
+            self._stream_cache = (key, self._new_stream(self.source_sizes()))
+        return self._stream_cache[1]
+
+    def first_sample(self, batch: int) -> int:
+        """The global sample index of item 0 of batch ``batch`` of this rank."""
         if batch < 0:
             raise ValueError(f"batch must be >= 0, got {batch}")
-        if population < 1:
-            raise ValueError("nothing to draw from: the sources hold no videos or images")
+        samples, step, _ = self._origin
+        if batch < step:
+            raise ValueError(f"batch {batch} lies before the resume point (batch {step})")
         rank, world = self.rank_world
-        size = self.batch_size
-        rngs = [item_rng(self.seed, rank, batch, j) for j in range(size)]
-        if not self.epochs:
-            return [(int(rng.integers(population)), rng) for rng in rngs]
-        positions = np.arange(batch * size, (batch + 1) * size, dtype=np.int64) * world + rank
-        epoch, within = np.divmod(positions, population)
-        picked = np.empty(size, dtype=np.int64)
-        for e in np.unique(epoch):
-            sel = epoch == e
-            picked[sel] = permute(population, (self.seed, int(e)), within[sel])
-        return list(zip(picked.tolist(), rngs))
+        return samples + ((batch - step) * world + rank) * self.batch_size
+
+    def consumed(self, batch: int) -> int:
+        """Global samples all ranks together consumed before their batch ``batch``."""
+        samples, step, _ = self._origin
+        return samples + (batch - step) * self.rank_world[1] * self.batch_size
+
+    def resume_at(self, seed: int, samples: int, batch: int, seen: Sequence[int] = ()) -> None:
+        """Continue the stream of ``seed`` after ``samples`` consumed, ``seen[k]`` of them from
+        source k (empty: counted from the start), this rank's next batch being batch ``batch``.
+        Checked first: nothing changes when it fails."""
+        if samples < 0 or batch < 0:
+            raise ValueError(f"samples and batch must be >= 0, got {samples}, {batch}")
+        origin = (int(samples), int(batch), tuple(int(c) for c in seen))
+        self._stream_from(seed, origin, self.source_sizes())
+        self.seed, self._origin = seed, origin
+
+    def indices(self, batch: int, sizes: int | Sequence[int] | None = None) -> np.ndarray:
+        """What batch ``batch`` of this rank draws: item ids over all sources, int64 [B].
+
+        Args:
+            batch: the batch of this rank.
+            sizes: items per source (an int for one source); None: the sources' own (opens this
+                process's reader).
+        """
+        if sizes is None:
+            stream = self.sample_stream()
+        else:
+            stream = self._new_stream([sizes] if isinstance(sizes, int) else list(sizes))
+        draws = stream.draw(self.first_sample(batch), self.batch_size)
+        return np.array([d.item for d in draws], dtype=np.int64)
 
     def items(self, batch: int) -> list[Any]:
         """The reader items of batch ``batch`` of this rank (opens this process's reader)."""
-        return self._items(self._reader_here(), batch)
+        return self._items(self._reader_here(), batch)[1]
 
-    def _items(self, reader: Any, batch: int) -> list[Any]:
-        draws = self._draws(batch, self._population(reader))
-        return [self._make_item(reader, index, rng) for index, rng in draws]
+    def _items(self, reader: Any, batch: int) -> tuple[list[Draw], list[Any]]:
+        draws = self.sample_stream().draw(self.first_sample(batch), self.batch_size)
+        return draws, [self._make_item(reader, d.item, d.rng) for d in draws]
+
+    def _stream_meta(self, draws: list[Draw]) -> dict[str, Any]:
+        return {
+            "sample": torch.tensor([d.sample for d in draws], dtype=torch.int64),
+            "mix": torch.tensor([d.source for d in draws], dtype=torch.int64),
+            "mix_name": [self.mixture.names[d.source] for d in draws],
+        }
 
     def read_batch(self, batch: int) -> Any:
         """Decode batch ``batch`` of this rank on its own, as iteration would yield it."""
@@ -252,23 +325,27 @@ class BatchDataset(IterableDataset):
     def _stream(self, start: int, step: int, depth: int, pin: bool) -> Generator[Any, None, None]:
         """Batches ``start, start + step, ...`` with ``depth`` of them decoding at any time."""
         reader = self._reader_here()
-        rank, _ = self.rank_world
         shape = self._batch_shape(reader)
-        pending: deque[tuple[int, list[Any], torch.Tensor, Any]] = deque()
+        pending: deque[tuple[int, list[Draw], list[Any], torch.Tensor, Any]] = deque()
         batch = start
         try:
             while True:
                 while len(pending) < depth:
-                    items = self._items(reader, batch)
+                    draws, items = self._items(reader, batch)
                     out = torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
-                    seed = batch_seed(self.seed, rank, batch)
-                    pending.append((batch, items, out, reader.submit(items, out.numpy(), seed)))
+                    keys = sample_keys(self.seed, draws[0].sample, len(draws))
+                    job = reader.submit(items, out.numpy(), item_keys=keys)
+                    pending.append((batch, draws, items, out, job))
                     batch += step
-                index, items, out, job = pending.popleft()
+                index, draws, items, out, job = pending.popleft()
                 result = job.result()
                 if result.video.ctypes.data != out.data_ptr():
                     out.copy_(torch.from_numpy(np.ascontiguousarray(result.video)))
-                yield (out, self._meta(reader, index, items, result)) if self.with_meta else out
+                if not self.with_meta:
+                    yield out
+                    continue
+                meta = self._meta(reader, index, items, result)
+                yield out, {**meta, **self._stream_meta(draws)}
         finally:
             # let abandoned batches finish: a fork must never see a decode thread mid-work
             for *_, job in pending:
@@ -280,11 +357,17 @@ class ClipDataset(BatchDataset):
 
     Each item picks a video (at random, or by the epoch permutation with ``epochs=True``) and
     ``frames`` frames of it (``kohakuclip.clip`` with ``fps`` and ``spread``, or ``sampler``).
+    ``sources`` is one reader's sources, or with ``weights`` several of them mixed (a sequence
+    of sources with a sequence of weights, or a mapping name -> sources with weights by name).
     ``reader_options`` go to ``kohakuclip.Reader`` (size, mode, crop, hflip, vflip, ...). With
-    ``with_meta=True`` each batch comes as ``(video, meta)``: meta holds ``batch``, ``video`` (ids,
-    int64 [B]), ``frames`` (int64 [B, T]), ``source`` and ``member`` (lists of str) and ``meta``
-    (the per-video metadata recorded at write time, collated per key).
+    ``with_meta=True`` each batch comes as ``(video, meta)``: meta holds ``batch``, ``video`` (ids
+    over all sources, int64 [B]), ``frames`` (int64 [B, T]), ``source`` and ``member`` (the file
+    and member, lists of str), ``meta`` (the per-video metadata recorded at write time, collated
+    per key), ``sample`` (global sample indices, int64 [B]), ``mix`` (the mixed source of each
+    clip, int64 [B]) and ``mix_name`` (its name: the mapping key, or its position as str).
     """
+
+    kind = "videos"
 
     def __init__(
         self,
@@ -297,6 +380,7 @@ class ClipDataset(BatchDataset):
         seed: int = 0,
         threads: int | None = None,
         *,
+        weights: Any = None,
         sampler: Sampler | None = None,
         with_meta: bool = False,
         rank: int | None = None,
@@ -304,7 +388,9 @@ class ClipDataset(BatchDataset):
         **reader_options: Any,
     ) -> None:
         super().__init__(
+            sources,
             batch_size,
+            weights=weights,
             epochs=epochs,
             seed=seed,
             threads=threads,
@@ -316,7 +402,6 @@ class ClipDataset(BatchDataset):
             raise ValueError(f"frames must be >= 1, got {frames}")
         if fps is not None and fps <= 0:
             raise ValueError(f"fps must be > 0, got {fps}")
-        self.sources = sources
         self.frames = frames
         self.fps = fps
         self.spread = spread
@@ -328,10 +413,15 @@ class ClipDataset(BatchDataset):
     def _open_reader(self, threads: int) -> Any:
         from kohakuclip import Reader
 
-        reader = Reader(self.sources, threads=threads, **self.reader_options)
+        reader = Reader(self.mixture.flat, threads=threads, **self.reader_options)
         self._lengths = np.zeros(len(reader), dtype=np.int64)
         self._rates = np.zeros(len(reader), dtype=np.float64)
         return reader
+
+    def _path_counts(self, reader: Any) -> list[int]:
+        catalog = reader._catalog  # one catalog source per path, videos numbered in path order
+        per = np.bincount([v.source for v in catalog.videos], minlength=len(catalog.sources))
+        return [int(n) for n in per]
 
     def _length_and_rate(self, reader: Any, vid: int) -> tuple[int, float]:
         """A video's frame count and fps, cached: Reader.info also looks up metadata."""
@@ -374,10 +464,14 @@ class ClipLoader:
     ``workers=0`` decodes on the reader's threads in this process, ``prefetch`` batches in flight,
     each into a fresh tensor (pinned when CUDA is available: torch's caching host allocator makes
     that cheap). ``workers>0`` runs the dataset in DataLoader worker processes, each with its own
-    reader. Either way the batches are the same. ``state_dict()`` holds the seed and the index of
-    the next batch the consumer needs; ``lookahead`` is how many batches the consumer fetches ahead
-    of the one it trains on (1 for Lightning), so those count as not yet seen. A new iteration
-    starts at that batch, so an interrupted epoch and a resumed run continue identically.
+    reader. Either way the batches are the same. ``state_dict()`` holds what resuming needs: the
+    format version, the seed, the global samples consumed before the next batch the consumer
+    needs (the same on every rank), per source how many of them it gave, the index of that batch,
+    and a fingerprint of the sources (kind and item count per source). ``lookahead`` is how many
+    batches the consumer fetches ahead of the one it trains on (1 for Lightning), so those count
+    as not yet seen. A new iteration starts at that batch, so an interrupted epoch and a resumed
+    run continue identically; ``load_state_dict`` continues the same global stream on any world
+    size and per-rank batch (rank 0's state serves every rank).
 
     The stream is endless unless ``batches`` is given: then batches ``[k N, (k + 1) N)`` form
     epoch ``k``, an iteration ends at the next epoch boundary and ``len()`` is N (Lightning's
@@ -430,25 +524,79 @@ class ClipLoader:
             raise TypeError("an endless ClipLoader has no length: give batches=N for epochs")
         return self.batches
 
-    def state_dict(self) -> dict[str, int]:
-        """The seed and the next batch the consumer needs."""
+    def _next_batch(self) -> int:
+        """The next batch the consumer needs (those fetched ahead count as unseen)."""
         ahead = 0 if self._ended else self.lookahead
-        batch = max(self._floor, self._position - ahead)
-        return {"seed": self.dataset.seed, "batch": batch}
+        return max(self._floor, self._position - ahead)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the stream stands (see the class docstring); opens the dataset's reader."""
+        batch = self._next_batch()
+        dataset = self.dataset
+        samples = dataset.consumed(batch)
+        return {
+            "version": STATE_VERSION,
+            "seed": dataset.seed,
+            "samples": samples,
+            "source_samples": dataset.sample_stream().seen(samples).tolist(),
+            "batch": batch,
+            "sources": dataset.fingerprint(),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from a ``state_dict()``: its seed and batch (takes effect on the next iter)."""
-        batch, seed = int(state["batch"]), int(state["seed"])
-        if batch < 0:
-            raise ValueError(f"batch must be >= 0, got {batch}")
+        """Continue from a ``state_dict()`` (takes effect on the next iteration).
+
+        The state brings its seed; it must come from the same sources (the same number of
+        videos or images per source), and may come from another world size or batch. A state
+        without ``version`` (kohakuclip before the global stream: the seed and a batch count)
+        loads with a warning: the run continues at as many samples as that batch count makes
+        with today's world size and batch, but the samples differ from those the old version
+        would have drawn, so in epoch mode the epoch under way is not completed exactly.
+
+        Args:
+            state: what ``state_dict()`` returned.
+        """
+        version = state.get("version")
+        if version is None:
+            seed, samples, batch, seen = self._legacy_state(state)
+        elif version != STATE_VERSION:
+            raise ValueError(
+                f"loader state format version {version!r}: this kohakuclip reads {STATE_VERSION}"
+            )
+        else:
+            seed, samples, batch = int(state["seed"]), int(state["samples"]), int(state["batch"])
+            seen = [int(c) for c in state["source_samples"]]
+            here, saved = self.dataset.fingerprint(), dict(state["sources"])
+            if saved != here:
+                raise ValueError(
+                    f"this loader state belongs to other sources: it was saved for "
+                    f"{_describe(saved)}, this dataset reads {_describe(here)}"
+                )
+        self.dataset.resume_at(seed, samples, batch, seen)
         self._stop_live()
-        self.dataset.seed = seed
         self._position = self._floor = batch
         self._ended = False
 
+    def _legacy_state(self, state: Mapping[str, Any]) -> tuple[int, int, int, list[int]]:
+        """(seed, samples, batch, per-source samples) of a state written before version 2."""
+        batch, seed = int(state["batch"]), int(state["seed"])
+        if batch < 0:
+            raise ValueError(f"batch must be >= 0, got {batch}")
+        warnings.warn(
+            f"a loader state without a version (written before the global sample stream): "
+            f"continuing after {batch} batches per rank with new samples, not the ones the old "
+            f"version would have drawn",
+            UserWarning,
+            stacklevel=3,
+        )
+        dataset = self.dataset
+        samples = batch * dataset.rank_world[1] * dataset.batch_size
+        fresh = dataset._stream_from(seed, (0, 0, ()), dataset.source_sizes())
+        return seed, samples, batch, fresh.seen(samples).tolist()
+
     def __iter__(self) -> Generator[Any, None, None]:
         """Batches from ``state_dict()["batch"]`` on; an older iteration of this loader ends."""
-        start = self.state_dict()["batch"]
+        start = self._next_batch()
         self._stop_live()
         self._position = self._floor = start
         self._ended = False
@@ -511,8 +659,11 @@ class ImageDataset(BatchDataset):
     ``(images, meta)``: ``batch``, ``image`` (ids, int64 [B]), ``source`` (list of str), and from
     the writer's manifest.parquet beside a shard (or a gulp directory's ids and meta_data)
     ``key``, ``caption`` (lists, None where unknown) and ``meta`` (the parsed json sidecars or
-    gulp meta_data, collated per key).
+    gulp meta_data, collated per key), and ``sample``, ``mix``, ``mix_name`` as for clips.
+    ``weights`` mix several sources as in ClipDataset.
     """
+
+    kind = "images"
 
     def __init__(
         self,
@@ -522,13 +673,16 @@ class ImageDataset(BatchDataset):
         seed: int = 0,
         threads: int | None = None,
         *,
+        weights: Any = None,
         with_meta: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
         **reader_options: Any,
     ) -> None:
         super().__init__(
+            sources,
             batch_size,
+            weights=weights,
             epochs=epochs,
             seed=seed,
             threads=threads,
@@ -536,13 +690,15 @@ class ImageDataset(BatchDataset):
             rank=rank,
             world_size=world_size,
         )
-        self.sources = sources
         self.reader_options = reader_options
 
     def _open_reader(self, threads: int) -> Any:
         from kohakuclip.read.image_reader import ImageReader
 
-        return ImageReader(self.sources, threads=threads, **self.reader_options)
+        return ImageReader(self.mixture.flat, threads=threads, **self.reader_options)
+
+    def _path_counts(self, reader: Any) -> list[int]:
+        return [int(src.count) for src in reader._catalog.sources]  # one per path, in order
 
     def _make_item(self, reader: Any, index: int, rng: np.random.Generator) -> Any:
         return index
@@ -561,6 +717,14 @@ class ImageDataset(BatchDataset):
             "caption": [row.get("caption") for row in rows],
             "meta": collate_meta([_as_record(row.get("meta")) for row in rows]),
         }
+
+
+def _describe(fingerprint: Mapping[str, Any]) -> str:
+    items = list(fingerprint.get("items", []))
+    kind = fingerprint.get("kind", "items")
+    if len(items) == 1:
+        return f"{items[0]} {kind}"
+    return f"{len(items)} mixed sources of {' + '.join(map(str, items))} {kind}"
 
 
 def _as_record(meta: Any) -> Mapping[str, Any]:

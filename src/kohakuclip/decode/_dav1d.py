@@ -1,9 +1,9 @@
 """AV1 through libdav1d's C API (the library PyAV's wheel ships), fed from compiled code.
 
-PyAV costs a Python round trip per packet (a Packet, a decode call, a frame object), and after
-libdav1d has run each of those costs several times its cache-hot price. Here one numba call
-feeds all of a GOP's planned packets without the GIL and keeps a reference to each wanted
-picture; Python then sees only the wanted pictures, as numpy views of libdav1d's planes.
+PyAV costs a Python round trip per packet (a Packet, a decode call, a frame object), each one a
+GIL hand-off beside a busy training thread. Here a context is opened from Python
+(``Dav1dDecoder``) and the compiled share driver (``_clips.decode_dav1d``) calls libdav1d's
+functions by name, without the GIL; ``_picture`` gives a picture's planes as arrays.
 
 Only 8-bit 4:2:0 streams take this path (the caller checks the sequence header); struct layouts
 are those of dav1d 1.x (``dav1d/picture.h``, ``dav1d/data.h``, ``dav1d/dav1d.h``) on a 64-bit
@@ -108,80 +108,10 @@ def library() -> Any:
     return None
 
 
-@numba.njit(nogil=True, cache=True)
-def _feed(
-    context: int,
-    data: np.ndarray,
-    picture: np.ndarray,
-    held: np.ndarray,
-    buf: np.ndarray,
-    begins: np.ndarray,
-    ends: np.ndarray,
-    firsts: np.ndarray,
-    stamps: np.ndarray,
-    wanted: np.ndarray,
-) -> tuple[int, int, int]:
-    """Send packets ``k`` (pieces ``firsts[k]:firsts[k+1]`` of ``buf``, timestamp ``stamps[k]``)
-    and take every picture out. Pictures whose timestamp is in ``wanted`` (sorted) are kept in
-    ``held`` rows (still referenced), the others released at once.
-    Returns (0 or a libdav1d error, pictures held, pictures produced)."""
-    ctx = _voidptr(context)
-    data_ptr = _voidptr(data.ctypes.data)
-    picture_ptr = _voidptr(picture.ctypes.data)
-    data_words = data.view(np.int64)
-    picture_words = picture.view(np.int64)
-    n_held = 0
-    produced = 0
-    for k in range(len(stamps)):
-        size = 0
-        for q in range(firsts[k], firsts[k + 1]):
-            size += ends[q] - begins[q]
-        _create(data_ptr, size)
-        if data_words[_DATA_POINTER] == 0:
-            return _ENOMEM, n_held, produced
-        packet = carray(_voidptr(data_words[_DATA_POINTER]), (size,), np.uint8)
-        at = 0
-        for q in range(firsts[k], firsts[k + 1]):
-            n = ends[q] - begins[q]
-            packet[at : at + n] = buf[begins[q] : ends[q]]
-            at += n
-        data_words[_DATA_TIMESTAMP] = stamps[k]
-        while True:
-            status = _send(ctx, data_ptr)
-            if status < 0 and status != _EAGAIN:
-                _data_unref(data_ptr)
-                return status, n_held, produced
-            while True:
-                status = _get(ctx, picture_ptr)
-                if status == _EAGAIN:
-                    break
-                if status < 0:
-                    if data_words[_DATA_SIZE] > 0:
-                        _data_unref(data_ptr)
-                    return status, n_held, produced
-                produced += 1
-                stamp = picture_words[_PICTURE_TIMESTAMP]
-                i = np.searchsorted(wanted, stamp)
-                if i < len(wanted) and wanted[i] == stamp and n_held < held.shape[0]:
-                    held[n_held, :] = picture
-                    n_held += 1
-                else:
-                    _picture_unref(picture_ptr)
-            if data_words[_DATA_SIZE] == 0:
-                break
-    return 0, n_held, produced
-
-
-@numba.njit(nogil=True, cache=True)
-def _release(held: np.ndarray, n: int) -> None:
-    for k in range(n):
-        _picture_unref(_voidptr(held[k].ctypes.data))
-
-
 @numba.njit(cache=True)
 def _picture(held: np.ndarray, k: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-    """Held picture ``k``: its timestamp and Y, U, V arrays over libdav1d's planes (whole rows;
-    4:2:0, 8-bit), valid while the picture is referenced."""
+    """Picture record ``k`` of ``held``: its timestamp and Y, U, V arrays over libdav1d's planes
+    (whole rows; 4:2:0, 8-bit), valid while the picture is referenced."""
     words = held[k].view(np.int64)
     height = held[k].view(np.int32)[_PICTURE_SIZE + 1]
     luma_stride, chroma_stride = words[_PICTURE_STRIDES], words[_PICTURE_STRIDES + 1]
@@ -210,61 +140,12 @@ class Dav1dDecoder:
         self._handle: int = self._context.value
         self._data = np.zeros(_DATA_BYTES, np.uint8)
         self._picture = np.zeros(_PICTURE_BYTES, np.uint8)
-        self._held = np.zeros((0, _PICTURE_BYTES), np.uint8)
-        self._n_held = 0
-
-    def feed(
-        self,
-        buf: np.ndarray,
-        begins: np.ndarray,
-        ends: np.ndarray,
-        firsts: np.ndarray,
-        stamps: np.ndarray,
-        wanted: np.ndarray,
-    ) -> int:
-        """Decode the packets; keep the wanted pictures (see ``pictures``). Returns how many
-        pictures the decoder produced."""
-        self.release()
-        if len(self._held) < len(wanted):
-            self._held = np.zeros((len(wanted), _PICTURE_BYTES), np.uint8)
-        status, self._n_held, produced = _feed(
-            self._handle,
-            self._data,
-            self._picture,
-            self._held,
-            buf,
-            begins,
-            ends,
-            firsts,
-            stamps,
-            wanted,
-        )
-        if status < 0:
-            raise Dav1dError(f"libdav1d error {status} ({os.strerror(-status)})")
-        return int(produced)
-
-    def pictures(self) -> list[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
-        """The held pictures: (timestamp, (Y, U, V) views over whole rows), valid until the next
-        ``feed``, ``release`` or ``flush``."""
-        out = []
-        for k in range(self._n_held):
-            stamp, y, u, v = _picture(self._held, k)
-            out.append((stamp, (y, u, v)))
-        return out
-
-    def release(self) -> None:
-        """Drop the references to the held pictures."""
-        if self._n_held:
-            _release(self._held, self._n_held)
-            self._n_held = 0
 
     def flush(self) -> None:
         """Forget every reference frame (between clips, after errors)."""
-        self.release()
         self._lib.dav1d_flush(self._handle)
 
     def __del__(self) -> None:
         context = getattr(self, "_context", None)
         if context is not None and context.value:
-            self.release()
             self._lib.dav1d_close(ctypes.byref(context))

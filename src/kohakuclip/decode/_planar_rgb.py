@@ -41,26 +41,37 @@ def planar_rgb(
     c_col: int,
     matrix: np.ndarray,
     vflip: bool,
+    hflip: bool,
     dst: np.ndarray,
 ) -> None:
     """``dst[:, r, c] = matrix @ [Y, U, V, 1]`` over the output square, rounded and clamped.
 
     ``y``: luma at output size, window at (``y_row``, ``y_col``); ``u``, ``v``: chroma at output
-    size, window at (``c_row``, ``c_col``); ``matrix``: float32 3x4; ``vflip``: rows bottom up.
+    size, window at (``c_row``, ``c_col``); ``matrix``: float32 3x4; ``vflip``: rows bottom up;
+    ``hflip``: columns right to left.
     """
     n, w = dst.shape[1], dst.shape[2]
     r_row, g_row, b_row = _row(matrix, 0), _row(matrix, 1), _row(matrix, 2)
+    last = np.uint64(w - 1)
     for r in range(n):
         out = n - 1 - r if vflip else r
         red, green, blue = dst[0, out], dst[1, out], dst[2, out]
         luma = y[y_row + r, y_col : y_col + w]
         cb = u[c_row + r, c_col : c_col + w]
         cr = v[c_row + r, c_col : c_col + w]
-        for c in range(w):
-            yy, uu, vv = np.float32(luma[c]), np.float32(cb[c]), np.float32(cr[c])
-            red[c] = _channel(r_row, yy, uu, vv)
-            green[c] = _channel(g_row, yy, uu, vv)
-            blue[c] = _channel(b_row, yy, uu, vv)
+        if hflip:  # unsigned indices: no wraparound test, so the reversed stores vectorise
+            for c in range(w):
+                yy, uu, vv = np.float32(luma[c]), np.float32(cb[c]), np.float32(cr[c])
+                at = last - np.uint64(c)
+                red[at] = _channel(r_row, yy, uu, vv)
+                green[at] = _channel(g_row, yy, uu, vv)
+                blue[at] = _channel(b_row, yy, uu, vv)
+        else:
+            for c in range(w):
+                yy, uu, vv = np.float32(luma[c]), np.float32(cb[c]), np.float32(cr[c])
+                red[c] = _channel(r_row, yy, uu, vv)
+                green[c] = _channel(g_row, yy, uu, vv)
+                blue[c] = _channel(b_row, yy, uu, vv)
 
 
 @numba.njit(nogil=True, fastmath=True, boundscheck=False, cache=True)
@@ -74,6 +85,7 @@ def planar_rgb_box2(
     c_col: int,
     matrix: np.ndarray,
     vflip: bool,
+    hflip: bool,
     dst: np.ndarray,
 ) -> None:
     """As ``planar_rgb``, with luma at twice the output size averaged over 2x2 boxes.
@@ -84,6 +96,7 @@ def planar_rgb_box2(
     n, w = dst.shape[1], dst.shape[2]
     r_row, g_row, b_row = _row(matrix, 0), _row(matrix, 1), _row(matrix, 2)
     low, shift, quarter = np.uint16(255), np.uint16(8), np.float32(0.25)
+    last = np.uint64(w - 1)
     for r in range(n):
         out = n - 1 - r if vflip else r
         red, green, blue = dst[0, out], dst[1, out], dst[2, out]
@@ -91,10 +104,20 @@ def planar_rgb_box2(
         bottom = y16[y_row + 2 * r + 1, y_col : y_col + w]
         cb = u[c_row + r, c_col : c_col + w]
         cr = v[c_row + r, c_col : c_col + w]
-        for c in range(w):
-            a, b = top[c], bottom[c]
-            yy = np.float32((a & low) + (a >> shift) + (b & low) + (b >> shift)) * quarter
-            uu, vv = np.float32(cb[c]), np.float32(cr[c])
-            red[c] = _channel(r_row, yy, uu, vv)
-            green[c] = _channel(g_row, yy, uu, vv)
-            blue[c] = _channel(b_row, yy, uu, vv)
+        if hflip:
+            for c in range(w):
+                a, b = top[c], bottom[c]
+                yy = np.float32((a & low) + (a >> shift) + (b & low) + (b >> shift)) * quarter
+                uu, vv = np.float32(cb[c]), np.float32(cr[c])
+                at = last - np.uint64(c)
+                red[at] = _channel(r_row, yy, uu, vv)
+                green[at] = _channel(g_row, yy, uu, vv)
+                blue[at] = _channel(b_row, yy, uu, vv)
+        else:
+            for c in range(w):
+                a, b = top[c], bottom[c]
+                yy = np.float32((a & low) + (a >> shift) + (b & low) + (b >> shift)) * quarter
+                uu, vv = np.float32(cb[c]), np.float32(cr[c])
+                red[c] = _channel(r_row, yy, uu, vv)
+                green[c] = _channel(g_row, yy, uu, vv)
+                blue[c] = _channel(b_row, yy, uu, vv)

@@ -1,14 +1,16 @@
 """Decode one stored image straight into its slot of a batch: crop window, resize, flips, mode.
 
-JPEG goes through libjpeg-turbo (simplejpeg), shrunk in the DCT by 1/2, 1/4 or 1/8 when the
-crop window stays at least as large as the output (``dct_scale``); AV1 (raw OBUs) through
-libdav1d, whose planes go to the shared YUV pixel path; everything else through Pillow. The
-window is resized with an antialiased filter (box prefilter, then bilinear), flipped, and
-written in the layouts of ``decode.pixels.PixelWriter``: planar RGB, 4:2:0 planes resized to
-the output ("yuv_resized", flipped), or the window's planes at stored resolution in the top-left
-of a ``window`` square ("yuv", unflipped; the batch records crop and flips). RGB-decoded codecs
-give full-range BT.601 (JFIF) planes, AV1 its stored matrix. Each thread owns one decoder and
-its buffers; the heavy calls release the GIL.
+JPEG goes through libavcodec's MJPEG decoder (PyAV), shrunk in the DCT by 1/2, 1/4 or 1/8
+(``lowres``) when the crop window stays at least as large as the output (``dct_scale``), its
+YCbCr planes to the shared pixel path: the same bytes as the compiled share path of
+``read.image_reader``, whose twin this is. AV1 (raw OBUs) goes through libdav1d, whose planes
+take the same path; CMYK JPEGs (libjpeg-turbo, simplejpeg) and everything else through Pillow. The
+window is resized with the shared antialiased filter (``decode._resize``), flipped as it is
+stored, and written in the layouts of ``decode.pixels.PixelWriter``: planar RGB, 4:2:0 planes
+resized to the output ("yuv_resized", flipped), or the window's planes at stored resolution in
+the top-left of a ``window`` square ("yuv", unflipped; the batch records crop and flips).
+RGB-decoded codecs give full-range BT.601 (JFIF) planes, AV1 its stored matrix. Each thread owns
+one decoder and its buffers; the heavy calls release the GIL.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+from kohakuclip.decode._resize import Resizer
 from kohakuclip.decode.pixels import Crop, PixelWriter, frame_planes, yuv420_planes
+from kohakuclip.decode.video import padded_packet
 from kohakuclip.formats import COLOR_BT709, COLOR_FULL_RANGE
 
 ImageMode = Literal["rgb", "yuv", "yuv_resized"]
@@ -30,6 +34,7 @@ JPEG_COLORSPACE = "bt601-full"
 """What RGB-decoded images report in the yuv modes: JPEG's own full-range BT.601 YCbCr."""
 
 _DCT_DENOMINATORS = (8, 4, 2)
+_PLANAR_JPEG = ("yuvj420p", "yuvj422p", "yuvj444p", "yuv420p", "yuv422p", "yuv444p", "gray")
 
 
 class ImageDecodeError(ValueError):
@@ -54,31 +59,24 @@ def output_shape(size: int, mode: ImageMode, window: int = 512) -> tuple[int, ..
     return PixelWriter.frame_shape(size, mode, window)
 
 
-def resize_into(src: np.ndarray, dst: np.ndarray) -> None:
-    """Antialiased resize of a window (2-D or H x W x C) into ``dst``.
-
-    Shrinking by an integer factor per axis is OpenCV's area filter, which is fast there; any
-    other shrink first enlarges bilinearly to the next integer multiple of the output, then
-    area-averages by that integer (about an area filter of the true ratio, at a fraction of the
-    cost of OpenCV's general area path). Enlarging is bilinear.
-    """
-    h, w = src.shape[:2]
-    oh, ow = dst.shape[:2]
-    my, mx = max(1, -(-h // oh)), max(1, -(-w // ow))
-    if my == 1 and mx == 1:
-        cv2.resize(src, (ow, oh), dst=dst, interpolation=cv2.INTER_LINEAR)
-        return
-    if (h, w) != (my * oh, mx * ow):
-        src = cv2.resize(src, (mx * ow, my * oh), interpolation=cv2.INTER_LINEAR)
-    cv2.resize(src, (ow, oh), dst=dst, interpolation=cv2.INTER_AREA)
-
-
 def dct_denominator(width: int, height: int, crop: Crop, side: int) -> int:
     """The largest JPEG DCT shrink (8, 4, 2 or 1) that keeps the crop window >= ``side``."""
     for d in _DCT_DENOMINATORS:
         if crop.w // d >= side and crop.h // d >= side:
             return d
     return 1
+
+
+def scaled_window(width: int, height: int, crop: Crop, d: int) -> tuple[int, int, int, int]:
+    """The crop window (x, y, w, h) in a picture decoded at 1/``d`` of its stored size (the
+    decoder rounds sizes up), at least one pixel wide."""
+    if d == 1:
+        return crop.x, crop.y, crop.w, crop.h
+    sx, sy = -(-width // d) / width, -(-height // d) / height
+    x0, y0 = round(crop.x * sx), round(crop.y * sy)
+    x1 = max(round((crop.x + crop.w) * sx), x0 + 1)
+    y1 = max(round((crop.y + crop.h) * sy), y0 + 1)
+    return x0, y0, x1 - x0, y1 - y0
 
 
 class ImageDecoder:
@@ -89,7 +87,7 @@ class ImageDecoder:
         self.mode = mode
         self.window = window
         self._rgb = np.empty((size, size, 3), np.uint8)
-        self._flipped = np.empty((size, size, 3), np.uint8)
+        self._resize = Resizer()
         self._ycrcb = np.empty((size, size, 3), np.uint8)
         self._cr = np.empty((size, size), np.uint8)
         self._cb = np.empty((size, size), np.uint8)
@@ -97,6 +95,7 @@ class ImageDecoder:
         self._window_ycrcb = np.empty(0, np.uint8)
         self._planes = PixelWriter(size, mode, window)
         self._av1: Any = None  # libdav1d CodecContext, made on first use
+        self._mjpeg: dict[int, Any] = {}  # lowres -> MJPEG CodecContext
 
     # -- sizes -------------------------------------------------------------------------------
     def probe(self, data: bytes, codec: str) -> tuple[int, int]:
@@ -142,14 +141,62 @@ class ImageDecoder:
                 raise ImageDecodeError("decoded size differs from the index")
             colorspace = "bt709" if color & COLOR_BT709 else "bt601"
             full = bool(color & COLOR_FULL_RANGE)
-            self._planes.write(frame_planes(frame), crop, hflip, vflip, colorspace, full, dst)
+            y, u, v, shifts = frame_planes(frame)
+            self._planes.write((y, u, v), crop, hflip, vflip, colorspace, full, dst, shifts)
             return f"{colorspace}-full" if full else colorspace
-        rgb = self._decode_rgb(data, codec, width, height, crop, dct_scale and self.mode != "yuv")
+        scaling = dct_scale and self.mode != "yuv"
+        if codec == "jpeg" and self._write_jpeg_planes(
+            data, width, height, crop, hflip, vflip, scaling, dst
+        ):
+            return "rgb" if self.mode == "rgb" else JPEG_COLORSPACE
+        rgb = self._decode_rgb(data, codec, width, height, crop, scaling)
         if self.mode == "yuv":
             self._window_planes(rgb, dst)
         else:
             self._finish_rgb(rgb, hflip, vflip, dst)
         return "rgb" if self.mode == "rgb" else JPEG_COLORSPACE
+
+    def _write_jpeg_planes(
+        self,
+        data: bytes,
+        width: int,
+        height: int,
+        crop: Crop,
+        hflip: bool,
+        vflip: bool,
+        scaling: bool,
+        dst: np.ndarray,
+    ) -> bool:
+        """A JPEG through libavcodec's decoder (shrunk in the DCT with ``lowres``), its YCbCr
+        planes to the shared pixel path: what the compiled JPEG path does, the same bytes.
+        False for what it cannot give as 8-bit planes (CMYK, 12-bit)."""
+        import av
+
+        d = dct_denominator(width, height, crop, self.size) if scaling else 1
+        lowres = d.bit_length() - 1
+        ctx = self._mjpeg.get(lowres)
+        if ctx is None:
+            ctx = self._mjpeg[lowres] = av.CodecContext.create("mjpeg", "r")
+            ctx.thread_count = 1
+            ctx.options = {"lowres": str(lowres), "err_detect": "explode"}  # as _avcodec
+        try:
+            frames = ctx.decode(padded_packet(data)) + ctx.decode(None)
+        except av.FFmpegError as e:
+            raise ImageDecodeError(f"libavcodec cannot decode it ({e})") from None
+        finally:
+            ctx.flush_buffers()
+        if not frames:
+            raise ImageDecodeError("libavcodec produced no picture")
+        frame = frames[0]
+        if frame.format.name not in _PLANAR_JPEG:
+            return False
+        if (frame.width, frame.height) != (-(-width // d), -(-height // d)):
+            raise ImageDecodeError("decoded size differs from the index")
+        y, u, v, shifts = frame_planes(frame)
+        x0, y0, w, h = scaled_window(width, height, crop, d)
+        window = Crop(x0, y0, w, h)
+        self._planes.write((y, u, v), window, hflip, vflip, "bt601", True, dst, shifts)
+        return True
 
     def _decode_rgb(
         self, data: bytes, codec: str, width: int, height: int, crop: Crop, dct_scale: bool
@@ -198,19 +245,18 @@ class ImageDecoder:
             raise ImageDecodeError(f"libjpeg-turbo cannot decode it ({e})") from None
 
     def _finish_rgb(self, window: np.ndarray, hflip: bool, vflip: bool, dst: np.ndarray) -> None:
-        resize_into(window, self._rgb)
-        rgb = self._rgb
-        if hflip or vflip:
-            cv2.flip(self._rgb, -1 if hflip and vflip else (1 if hflip else 0), dst=self._flipped)
-            rgb = self._flipped
+        """The window's channels resized (flipped) into planar RGB, or into 4:2:0 planes."""
         if self.mode == "rgb":
-            cv2.split(rgb, [dst[0], dst[1], dst[2]])
+            for c in range(3):
+                self._resize(window[:, :, c], dst[c], hflip, vflip)
             return
+        for c in range(3):
+            self._resize(window[:, :, c], self._rgb[:, :, c], hflip, vflip)
         y, u, v = yuv420_planes(dst, self.size)
-        cv2.cvtColor(rgb, cv2.COLOR_RGB2YCrCb, dst=self._ycrcb)  # JFIF: full-range BT.601
+        cv2.cvtColor(self._rgb, cv2.COLOR_RGB2YCrCb, dst=self._ycrcb)  # JFIF: full-range BT.601
         cv2.split(self._ycrcb, [y, self._cr, self._cb])
-        resize_into(self._cb, u)
-        resize_into(self._cr, v)
+        self._resize(self._cb, u)
+        self._resize(self._cr, v)
 
     def _window_planes(self, window: np.ndarray, dst: np.ndarray) -> None:
         """The window's full-range BT.601 planes at stored resolution, top-left, unflipped."""
@@ -237,7 +283,7 @@ class ImageDecoder:
             self._av1.thread_count = 1
         ctx = self._av1
         try:
-            frames = ctx.decode(av.Packet(data))
+            frames = ctx.decode(padded_packet(data))
             if not frames:
                 frames = ctx.decode(None)
         except av.FFmpegError as e:

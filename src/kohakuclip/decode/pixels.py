@@ -1,9 +1,10 @@
 """Turn a decoded YUV frame into output pixels: crop window, resize, colour conversion, flips.
 
-The crop window is resized plane by plane (only the window is read; OpenCV), then converted with
-the video's own matrix and range straight into the planar output (``_planar_rgb``, numba). A
-window that already has the output size, or exactly twice it in luma (a 2x2 box), goes to the
-conversion as it is. Every step releases the GIL and writes into reused buffers.
+The work is ``_frame.write_frame`` (numba, no GIL), shared with the compiled clip drivers: the
+crop window resized plane by plane with the one antialiased filter (``_resize``: only the window
+is read), converted with the video's own matrix and range straight into the planar output
+(``_planar_rgb``), flipped where the pixels are stored. This module holds the Python side:
+matrices, crops, packed layouts, and the per-thread buffers for frames PyAV decoded.
 """
 
 from __future__ import annotations
@@ -66,40 +67,45 @@ def square_crop(width: int, height: int, rng: np.random.Generator | None) -> Cro
     return Crop(x & ~1, y & ~1, side, side)
 
 
-def resize_plane(src: np.ndarray, dst: np.ndarray) -> None:
-    """Antialiased resize of ``src`` into ``dst``: box prefilter by the integer part of a >=2x
-    shrink, then bilinear (OpenCV's area filter is only fast at integer ratios)."""
-    h, w = src.shape
-    oh, ow = dst.shape
-    k = min(h // oh, w // ow)
-    if k >= 2:
-        hk, wk = h - h % k, w - w % k
-        if hk // k == oh and wk // k == ow:
-            cv2.resize(src[:hk, :wk], (ow, oh), dst=dst, interpolation=cv2.INTER_AREA)
-            return
-        src = cv2.resize(src[:hk, :wk], (wk // k, hk // k), interpolation=cv2.INTER_AREA)
-    cv2.resize(src, (ow, oh), dst=dst, interpolation=cv2.INTER_LINEAR)
+Taps = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
-def frame_planes(frame: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Zero-copy Y, U, V arrays of a decoded 8-bit 4:2:0 PyAV frame (other formats converted).
+_SHIFTS = {
+    "yuv420p": (1, 1),
+    "yuvj420p": (1, 1),
+    "yuv422p": (1, 0),
+    "yuvj422p": (1, 0),
+    "yuv444p": (0, 0),
+    "yuvj444p": (0, 0),
+}
+
+Planes = tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, int]]
+"""Y, U, V arrays over whole rows, and the chroma subsampling as (x, y) shifts."""
+
+
+def frame_planes(frame: object) -> Planes:
+    """Zero-copy Y, U, V arrays of a decoded 8-bit PyAV frame (4:2:0, 4:2:2, 4:4:4; gray gets
+    neutral chroma; other formats are converted to 4:2:0), with its chroma shifts.
 
     Whole rows, line padding included: C-contiguous, which the RGB conversion needs to run at
     full speed. Read them through a crop window inside the frame."""
     fmt = frame.format.name  # type: ignore[attr-defined]
-    if fmt not in ("yuv420p", "yuvj420p"):
+    if fmt == "gray":
+        (py,) = frame.planes  # type: ignore[attr-defined]
+        y = np.ndarray((py.height, py.line_size), np.uint8, py)
+        neutral = np.full(y.shape, 128, np.uint8)
+        return y, neutral, neutral, (0, 0)
+    shifts = _SHIFTS.get(fmt)
+    if shifts is None:
         frame = frame.reformat(format="yuv420p")  # type: ignore[attr-defined]
+        shifts = (1, 1)
     py, pu, pv = frame.planes  # type: ignore[attr-defined]
     return (
         np.ndarray((py.height, py.line_size), np.uint8, py),
         np.ndarray((pu.height, pu.line_size), np.uint8, pu),
         np.ndarray((pv.height, pv.line_size), np.uint8, pv),
+        shifts,
     )
-
-
-def _chroma_window(c: np.ndarray, crop: Crop) -> np.ndarray:
-    x0, y0 = crop.x // 2, crop.y // 2
-    return c[y0 : (crop.y + crop.h + 1) // 2, x0 : (crop.x + crop.w + 1) // 2]
 
 
 def yuv420_planes(flat: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -117,12 +123,9 @@ def yuv420_frame_bytes(side: int) -> int:
     return side * side + 2 * c * c
 
 
-def _flip_code(hflip: bool, vflip: bool) -> int:
-    return -1 if hflip and vflip else (1 if hflip else 0)
-
-
 class PixelWriter:
-    """Per-thread buffers and the per-frame pixel pipeline for one output mode and size.
+    """Per-thread buffers for the per-frame pixel pipeline (``_frame.write_frame``) of one output
+    mode and size, for frames decoded outside the compiled drivers (PyAV).
 
     ``rgb``: the crop resized to ``size`` and converted, planar [3, size, size], flipped.
     ``yuv_resized``: the crop's planes resized to ``size`` (chroma at half), packed 4:2:0, flipped.
@@ -134,17 +137,9 @@ class PixelWriter:
         self.size = size
         self.mode = mode
         self.window = window
-        s = size
-        if mode == "rgb":
-            # numba loads on first use, so that importing kohakuclip stays quick
-            from kohakuclip.decode import _planar_rgb
-
-            self._planar_rgb = _planar_rgb.planar_rgb
-            self._planar_rgb_box2 = _planar_rgb.planar_rgb_box2
-            self._y = np.empty((s, s), np.uint8)
-            self._u = np.empty((s, s), np.uint8)
-            self._v = np.empty((s, s), np.uint8)
         self._matrices: dict[tuple[str, bool], np.ndarray] = {}
+        self._taps: dict[tuple[int, ...], tuple[Taps, Taps]] = {}
+        self._scratch: Taps | None = None  # tmp [window's longest side, S], y, u, v [S, S]
 
     @staticmethod
     def frame_shape(size: int, mode: OutputMode, window: int = 512) -> tuple[int, ...]:
@@ -153,7 +148,8 @@ class PixelWriter:
             return (3, size, size)
         return (yuv420_frame_bytes(window if mode == "yuv" else size),)
 
-    def _matrix(self, colorspace: str, full_range: bool) -> np.ndarray:
+    def matrix(self, colorspace: str, full_range: bool) -> np.ndarray:
+        """The YUV -> RGB matrix of a colorspace and range (cached)."""
         key = (colorspace, full_range)
         m = self._matrices.get(key)
         if m is None:
@@ -169,51 +165,36 @@ class PixelWriter:
         colorspace: str,
         full_range: bool,
         dst: np.ndarray,
+        shifts: tuple[int, int] = (1, 1),
     ) -> None:
-        """Write one frame's output into ``dst`` (shape ``frame_shape``)."""
-        y, u, v = planes
-        windows = (
-            y[crop.y : crop.y + crop.h, crop.x : crop.x + crop.w],
-            _chroma_window(u, crop),
-            _chroma_window(v, crop),
-        )
-        if self.mode == "rgb":
-            self._write_rgb(planes, windows, crop, self._matrix(colorspace, full_range), vflip, dst)
-            if hflip:
-                for plane in dst:
-                    cv2.flip(plane, 1, dst=plane)
-        elif self.mode == "yuv_resized":
-            for src, out in zip(windows, yuv420_planes(dst, self.size)):
-                resize_plane(src, out)
-                if hflip or vflip:
-                    cv2.flip(out, _flip_code(hflip, vflip), dst=out)
-        else:
-            for src, out in zip(windows, yuv420_planes(dst, self.window)):
-                out[: src.shape[0], : src.shape[1]] = src
+        """Write one frame's output into ``dst`` (shape ``frame_shape``); ``shifts``: the
+        chroma subsampling as (x, y) shifts ((1, 1) for 4:2:0, (0, 0) for 4:4:4)."""
+        from kohakuclip.decode._frame import MODES, frame_taps, write_frame
 
-    def _write_rgb(
-        self,
-        planes: tuple[np.ndarray, np.ndarray, np.ndarray],
-        windows: tuple[np.ndarray, np.ndarray, np.ndarray],
-        crop: Crop,
-        matrix: np.ndarray,
-        vflip: bool,
-        dst: np.ndarray,
-    ) -> None:
-        """Resize what needs it into the scratch planes, then convert into ``dst`` (vflipped)."""
         s = self.size
-        y, u, v = planes
-        cy, cx = crop.y // 2, crop.x // 2
-        if not (windows[1].shape == (s, s) and u.flags.c_contiguous and v.flags.c_contiguous):
-            resize_plane(windows[1], self._u)
-            resize_plane(windows[2], self._v)
-            u, v, cy, cx = self._u, self._v, 0, 0
-        pairs = crop.x % 2 == 0 and y.shape[1] % 2 == 0 and y.flags.c_contiguous
-        if crop.w == crop.h == 2 * s and pairs:
-            luma16 = y.view(np.uint16)
-            self._planar_rgb_box2(luma16, crop.y, crop.x // 2, u, v, cy, cx, matrix, vflip, dst)
-            return
-        if not (crop.w == crop.h == s and y.flags.c_contiguous):
-            resize_plane(windows[0], self._y)
-            y, crop = self._y, Crop(0, 0, s, s)
-        self._planar_rgb(y, crop.y, crop.x, u, v, cy, cx, matrix, vflip, dst)
+        rows = max(crop.w, crop.h, 2)
+        if self._scratch is None or self._scratch[0].shape[0] < rows:
+            square = (s, s)
+            self._scratch = (
+                np.empty((rows, max(s, self.window)), np.uint8),
+                np.empty(square, np.uint8),
+                np.empty(square, np.uint8),
+                np.empty(square, np.uint8),
+            )
+        row = np.array([crop.x, crop.y, crop.w, crop.h, hflip, vflip, *shifts], np.int64)
+        mode = MODES.index(self.mode)
+        key = (crop.x & 1, crop.y & 1, crop.w, crop.h, *shifts)
+        taps = self._taps.get(key)
+        if taps is None:
+            taps = self._taps[key] = frame_taps(row, mode, s)
+        write_frame(
+            *planes,
+            row,
+            self.matrix(colorspace, full_range),
+            mode,
+            s,
+            self.window,
+            *taps,
+            self._scratch,
+            dst.reshape(-1),
+        )

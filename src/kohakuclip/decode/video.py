@@ -3,29 +3,41 @@
 AV1 goes to libdav1d with the sequence header in front of each GOP when the keyframe lacks one
 (8-bit 4:2:0 streams straight through its C API, ``_dav1d``; others through PyAV); H.264 / HEVC
 samples are turned into Annex B with the parameter sets in front of each GOP, so one decoder
-serves every video. Packets carry their display index as timestamp, so outputs map back to
-wanted frames whatever the decode order.
+serves every video. Every other codec (vp9, mpeg4) goes through PyAV with the sample entry's
+configuration as extradata, one decoder per configuration (a few kept per thread). Packets carry
+their display index as timestamp, so outputs map back to wanted frames whatever the decode order.
 """
 
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from functools import cache
 from time import thread_time
 from typing import Any
 
 import av
-import numpy as np
 
 from kohakuclip.codecs.av1_syntax import iter_obus, parse_sequence_header
 from kohakuclip.decode import _dav1d
-from kohakuclip.decode.pixels import frame_planes
+from kohakuclip.decode.pixels import Planes, frame_planes
 from kohakuclip.read.plan import ClipPlan, GopRead
 from kohakuclip.storage.catalog import VideoTrack
 
-Planes = tuple[np.ndarray, np.ndarray, np.ndarray]
+_DECODERS = {"av1": "libdav1d", "h264": "h264", "hevc": "hevc", "vp9": "vp9", "mpeg4": "mpeg4"}
+_PREFIXED = ("av1", "h264", "hevc")
+"""Codecs whose configuration goes in-band in front of each GOP: one decoder serves all videos."""
+_CONFIGURED = 4
+"""Decoders kept per thread for the other codecs (one per configuration, least recent dropped)."""
 
-_DECODERS = {"av1": "libdav1d", "h264": "h264", "hevc": "hevc"}
+
+def padded_packet(data: bytes | memoryview) -> av.Packet:
+    """A packet owning a copy of ``data`` followed by the zero padding decoders read past the
+    end (``av.Packet(buffer)`` would point into the buffer itself, padding-less)."""
+    packet = av.Packet(len(data))
+    packet.update(data)  # type: ignore[arg-type]  # any buffer
+    return packet
 
 
 class ClipDecodeError(RuntimeError):
@@ -60,49 +72,49 @@ def _is_8bit_420(prefix: bytes) -> bool:
     )
 
 
-class ClipDecoder:
-    """One thread's decoders; feeds a ClipPlan and hands each wanted frame's planes to a
-    callback. 8-bit 4:2:0 AV1 goes straight to libdav1d (``_dav1d``) when its library is found,
-    everything else through PyAV; both give the same pixels."""
+@cache
+def _direct(prefix: bytes) -> bool:
+    return _is_8bit_420(prefix) and _dav1d.library() is not None
 
-    def __init__(self, use_dav1d: bool = True) -> None:
-        self._contexts: dict[str, Any] = {}
-        self._use_dav1d = use_dav1d
-        self._dav1d: _dav1d.Dav1dDecoder | None = None
-        self._direct: dict[bytes, bool] = {}  # sequence header -> libdav1d path applies
+
+def takes_dav1d(track: VideoTrack) -> bool:
+    """True when the track goes straight to libdav1d: 8-bit 4:2:0 AV1 with the library found."""
+    return track.codec == "av1" and bool(track.prefix) and _direct(track.prefix)
+
+
+class ClipDecoder:
+    """One thread's PyAV decoders; feeds a ClipPlan and hands each wanted frame's planes to a
+    callback. The path for what the compiled drivers (``_clips``) do not take, and their test
+    twin."""
+
+    def __init__(self) -> None:
+        self._contexts: OrderedDict[tuple[str, bytes], Any] = OrderedDict()
         self.seconds = {"read": 0.0, "decode": 0.0, "pixels": 0.0}  # thread CPU time per stage
 
-    def _context(self, codec: str) -> Any:
-        ctx = self._contexts.get(codec)
-        if ctx is None:
-            name = _DECODERS.get(codec)
-            if name is None:
-                raise ClipDecodeError(f"unsupported codec {codec!r}")
-            ctx = av.CodecContext.create(name, "r")
-            ctx.thread_count = 1
-            self._contexts[codec] = ctx
+    def _context(self, track: VideoTrack) -> Any:
+        """The PyAV decoder for the track: per codec, or per codec and configuration."""
+        key = (track.codec, b"" if track.codec in _PREFIXED else track.config)
+        ctx = self._contexts.get(key)
+        if ctx is not None:
+            self._contexts.move_to_end(key)
+            return ctx
+        name = _DECODERS.get(track.codec)
+        if name is None:
+            raise ClipDecodeError(f"unsupported codec {track.codec!r}")
+        ctx = av.CodecContext.create(name, "r")
+        if key[1]:
+            ctx.extradata = key[1]
+        ctx.thread_count = 1
+        self._contexts[key] = ctx
+        configured = [k for k in self._contexts if k[0] not in _PREFIXED]
+        if len(configured) > _CONFIGURED:
+            del self._contexts[configured[0]]
         return ctx
 
     def reset(self, codec: str) -> None:
         """Drop a decoder that may be in a bad state after an error."""
-        self._contexts.pop(codec, None)
-        if codec == "av1":
-            self._dav1d = None
-
-    def _direct_decoder(self, track: VideoTrack) -> _dav1d.Dav1dDecoder | None:
-        """The libdav1d decoder when it can take this track, else None."""
-        if not self._use_dav1d or track.codec != "av1" or not track.prefix:
-            return None
-        direct = self._direct.get(track.prefix)
-        if direct is None:
-            direct = self._direct[track.prefix] = (
-                _is_8bit_420(track.prefix) and _dav1d.library() is not None
-            )
-        if not direct:
-            return None
-        if self._dav1d is None:
-            self._dav1d = _dav1d.Dav1dDecoder(_dav1d.library())
-        return self._dav1d
+        for key in [k for k in self._contexts if k[0] == codec]:
+            del self._contexts[key]
 
     def decode(
         self,
@@ -119,11 +131,7 @@ class ClipDecoder:
         """
         seconds = self.seconds
         started, read_before = thread_time(), seconds["read"]
-        direct = self._direct_decoder(track)
-        if direct is not None:
-            produced, in_callbacks = self._decode_direct(direct, track, plan, fd, on_frame)
-        else:
-            produced, in_callbacks = self._decode_pyav(track, plan, fd, on_frame)
+        produced, in_callbacks = self._decode_pyav(track, plan, fd, on_frame)
         seconds["pixels"] += in_callbacks
         elapsed = thread_time() - started
         seconds["decode"] += elapsed - in_callbacks - (seconds["read"] - read_before)
@@ -132,7 +140,7 @@ class ClipDecoder:
     def _decode_pyav(
         self, track: VideoTrack, plan: ClipPlan, fd: int, on_frame: Callable[[Planes, int], None]
     ) -> tuple[int, float]:
-        ctx = self._context(track.codec)
+        ctx = self._context(track)
         targets = plan.targets
         in_callbacks = 0.0
         produced = 0
@@ -146,60 +154,6 @@ class ClipDecoder:
                     in_callbacks += thread_time() - start
         ctx.flush_buffers()
         return produced, in_callbacks
-
-    def _decode_direct(
-        self,
-        decoder: _dav1d.Dav1dDecoder,
-        track: VideoTrack,
-        plan: ClipPlan,
-        fd: int,
-        on_frame: Callable[[Planes, int], None],
-    ) -> tuple[int, float]:
-        wanted = np.array(sorted(plan.targets), np.int64)
-        in_callbacks = 0.0
-        produced = 0
-        try:
-            for gop in plan.reads:
-                buf, begins, ends, firsts, stamps = self._gop_arrays(track, gop, fd)
-                try:
-                    produced += decoder.feed(buf, begins, ends, firsts, stamps, wanted)
-                except _dav1d.Dav1dError as e:
-                    raise ClipDecodeError(str(e)) from None
-                start = thread_time()
-                for display, planes in decoder.pictures():
-                    on_frame(planes, display)
-                in_callbacks += thread_time() - start
-        finally:
-            decoder.flush()
-        return produced, in_callbacks
-
-    def _gop_arrays(
-        self, track: VideoTrack, gop: GopRead, fd: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """One GOP's bytes and its packets as piece ranges: (bytes, begins, ends, first piece of
-        each packet and one past the last, display index per packet)."""
-        data = self._read(fd, gop)
-        pieces = [piece for piece_list, _ in gop.packets for piece in piece_list]
-        firsts = [0]
-        for piece_list, _ in gop.packets:
-            firsts.append(firsts[-1] + len(piece_list))
-        if (
-            track.prefix
-            and gop.packets
-            and not _has_sequence_header(memoryview(data)[pieces[0][0] : pieces[0][1]])
-        ):
-            shift = len(track.prefix)
-            data = track.prefix + data
-            pieces = [(0, shift)] + [(a + shift, b + shift) for a, b in pieces]
-            firsts = [0] + [f + 1 for f in firsts[1:]]
-        ranges = np.array(pieces, np.int64).reshape(-1, 2)
-        return (
-            np.frombuffer(data, np.uint8),
-            ranges[:, 0].copy(),
-            ranges[:, 1].copy(),
-            np.array(firsts, np.int64),
-            np.array([display for _, display in gop.packets], np.int64),
-        )
 
     def _read(self, fd: int, gop: GopRead) -> bytes:
         start = thread_time()
@@ -235,7 +189,7 @@ class ClipDecoder:
                 elif first and prefix and not _has_sequence_header(data):
                     data = prefix + bytes(data)
                 first = False
-                packet = av.Packet(data)  # type: ignore[arg-type]
+                packet = padded_packet(data)
                 packet.pts = display
                 yield packet
         yield None

@@ -38,7 +38,7 @@ class Box(NamedTuple):
     end: int
 
 
-def _header(buf: bytes | memoryview, pos: int, limit: int, where: str, origin: int = 0) -> Box:
+def box_header(buf: bytes | memoryview, pos: int, limit: int, where: str, origin: int = 0) -> Box:
     """Decode the box header at ``pos`` of ``buf``; ``limit`` is where the parent ends.
 
     ``origin`` is the offset of ``buf`` in the file (for the returned box and for messages).
@@ -71,7 +71,7 @@ def iter_boxes(
     while pos < limit:
         if limit - pos < 8:
             raise Mp4Error(where, f"{limit - pos} stray bytes at byte {pos}")
-        box = _header(buf, pos, limit, where)
+        box = box_header(buf, pos, limit, where)
         yield box
         pos = box.end
 
@@ -102,9 +102,9 @@ def top_level_boxes(
         if size - pos < 8:
             raise Mp4Error(where, f"{size - pos} stray bytes at byte {pos}")
         if pos + 16 <= len(head) or len(head) == size:
-            box = _header(head, pos, size, where)
+            box = box_header(head, pos, size, where)
         else:
-            box = _header(read_at(pos, min(16, size - pos)), 0, size - pos, where, origin=pos)
+            box = box_header(read_at(pos, min(16, size - pos)), 0, size - pos, where, origin=pos)
         boxes.append(box)
         if box.type == until:
             break

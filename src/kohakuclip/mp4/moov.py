@@ -3,6 +3,9 @@
 Reads are few: the top-level box headers (the first 64 KiB in one read, which holds a
 faststart file's whole moov), then the moov in one read. The tables are decoded with numpy
 straight from the box payloads. Edit lists are honoured as FFmpeg does (see ``mp4.edits``).
+A fragmented mp4 (an ``mvex`` in its moov) adds the samples of its movie fragments after the
+moov's own (see ``mp4.fragments``); as in FFmpeg, its edit list hides no sample then, and a
+fragment's sample whose decode time does not pass the previous one's is never shown.
 """
 
 from __future__ import annotations
@@ -10,14 +13,19 @@ from __future__ import annotations
 import math
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 
 from kohakuclip.codecs.annexb import AnnexBError, nal_length_size, parameter_sets_annexb
 from kohakuclip.mp4.boxes import Box, Mp4Error, ReadAt, children, iter_boxes, top_level_boxes
 from kohakuclip.mp4.edits import Edit, apply_edits
+from kohakuclip.mp4.fragments import FragmentSamples, fragment_samples, track_defaults
+
+Mp4Codec = Literal["av1", "h264", "hevc", "vp9", "mpeg4"]
+"""Video codecs kohakuclip reads from mp4 (vp9 and mpeg4 only through PyAV)."""
 
 _SAMPLE_ENTRY_CODECS = {
     b"av01": "av1",
@@ -26,10 +34,19 @@ _SAMPLE_ENTRY_CODECS = {
     b"hvc1": "hevc",
     b"hev1": "hevc",
     b"mp4v": "mpeg4",
+    b"vp09": "vp9",
     b"encv": "encrypted",
 }
-_CONFIG_BOX = {"av1": b"av1C", "h264": b"avcC", "hevc": b"hvcC"}
-"""The decoder configuration box each codec's sample entry must carry."""
+_CONFIG_BOX = {"av1": b"av1C", "h264": b"avcC", "hevc": b"hvcC", "vp9": b"vpcC", "mpeg4": b"esds"}
+"""The decoder configuration box each codec's sample entry carries (vp9 may go without)."""
+_MPEG4_VISUAL = 0x20
+"""esds objectTypeIndication of MPEG-4 Part 2 video; others in an mp4v entry are named below."""
+_OBJECT_TYPES = {
+    **{oti: "mpeg2video" for oti in range(0x60, 0x66)},
+    0x6A: "mpeg1video",
+    0x6C: "mjpeg",
+    0x6E: "jpeg2000",
+}
 _VISUAL_SAMPLE_ENTRY = 78
 """Bytes of a VisualSampleEntry before its child boxes (after the 8-byte box header)."""
 
@@ -47,10 +64,11 @@ _ELST1 = np.dtype([("duration", ">u8"), ("media_time", ">i8"), ("rate", ">i4")])
 
 
 class UnsupportedVideo(ValueError):
-    """A well-formed mp4 whose video kohakuclip cannot read (codec, encryption, fragments)."""
+    """A well-formed mp4 whose video kohakuclip cannot read (codec, encryption)."""
 
     def __init__(self, where: str, codec: str, detail: str = "") -> None:
-        what = detail or f"unsupported video codec {codec!r} (kohakuclip reads av1, h264, hevc)"
+        readable = ", ".join(get_args(Mp4Codec))
+        what = detail or f"unsupported video codec {codec!r} (kohakuclip reads {readable})"
         super().__init__(f"{where or '<mp4>'}: {what}")
         self.where = where
         self.codec = codec
@@ -65,7 +83,7 @@ class Mp4Track:
     shown). ``n`` counts shown frames, so ``n <= len(offsets)``.
     """
 
-    codec: Literal["av1", "h264", "hevc"]
+    codec: Mp4Codec
     width: int
     height: int
     fps: float  # samples per second over the media duration (FFmpeg's avg_frame_rate)
@@ -75,9 +93,11 @@ class Mp4Track:
     sizes: np.ndarray  # uint32
     keyframes: np.ndarray  # bool
     display: np.ndarray  # int32
-    config: bytes  # raw av1C / avcC / hvcC payload
-    nal_length_size: int  # h264 / hevc length field size; 0 for av1
-    prefix: bytes  # av1: av1C configOBUs (sequence header); h264 / hevc: Annex B VPS/SPS/PPS
+    # raw av1C / avcC / hvcC / vpcC payload; mpeg4: the esds DecoderSpecificInfo (VOL headers)
+    config: bytes
+    nal_length_size: int  # h264 / hevc length field size; 0 for the others
+    # av1: av1C configOBUs (sequence header); h264 / hevc: Annex B VPS/SPS/PPS; else empty
+    prefix: bytes
     matrix: Literal["bt601", "bt709"] | None  # from colr nclx / nclc
     full_range: bool | None  # from colr nclx
     rotation: int  # 0 / 90 / 180 / 270: clockwise turn that shows the frames upright
@@ -101,7 +121,19 @@ def parse_mp4(read_at: ReadAt, size: int, base: int = 0, where: str = "") -> Mp4
         data = read_at(moov.start, moov.end - moov.start)
         if len(data) != moov.end - moov.start:
             raise Mp4Error(where, f"short read of the moov box ({len(data)} bytes)")
-    return _parse_moov(memoryview(data), size, base, where)
+    view = memoryview(data)
+    top = next(iter_boxes(view, 0, len(view), where))
+    mvex = next((b for b in iter_boxes(view, top.body, top.end, where) if b.type == b"mvex"), None)
+    fragments: _Fragments | None = None
+    if mvex is not None:  # samples (also) live in moof boxes after the moov
+        defaults = track_defaults(view, mvex, where)
+
+        def fragments(track_id: int, next_dts: int) -> FragmentSamples:
+            return fragment_samples(
+                read_at, size, boxes[:-1], moov.end, track_id, defaults, next_dts, where
+            )
+
+    return _parse_moov(view, size, base, where, fragments)
 
 
 def parse_mp4_bytes(
@@ -220,11 +252,11 @@ def _sample_offsets(
 
 def _times(
     buf: memoryview, stbl: dict[bytes, Box], n: int, where: str
-) -> tuple[np.ndarray, np.ndarray, bool, float]:
-    """(dts, pts, has_ctts, fps): decode and presentation times per sample, in media ticks.
+) -> tuple[np.ndarray, np.ndarray, bool, int, int]:
+    """(dts, pts, has_ctts, count, ticks): decode and presentation times per sample, in media
+    ticks, and the stts sample count and duration (their ratio is FFmpeg's frame rate).
 
-    Composition offsets are signed in both ctts versions, as FFmpeg reads them. ``fps`` is the
-    stts sample count over the stts duration, in samples per tick.
+    Composition offsets are signed in both ctts versions, as FFmpeg reads them.
     """
     if b"stts" not in stbl:
         raise Mp4Error(where, "video track has no decoding time table (stts)")
@@ -235,12 +267,12 @@ def _times(
     dts = np.cumsum(deltas) - deltas
     counts = stts["count"].astype(np.int64)
     ticks = int(counts @ stts["delta"].astype(np.int64))
-    rate = int(counts.sum()) / ticks if ticks else 0.0
+    count = int(counts.sum())
     ctts_box = stbl.get(b"ctts")
     if ctts_box is None:
-        return dts, dts, False, rate
+        return dts, dts, False, count, ticks
     ctts = _table(buf, ctts_box, _CTTS, where)
-    return dts, dts + _run_lengths(ctts["count"], ctts["offset"], n, 0), True, rate
+    return dts, dts + _run_lengths(ctts["count"], ctts["offset"], n, 0), True, count, ticks
 
 
 def _edits(buf: memoryview, trak: dict[bytes, Box], where: str) -> list[Edit]:
@@ -283,10 +315,15 @@ def _track_id(buf: memoryview, tkhd: Box, where: str) -> int:
     return int(_U32.unpack_from(buf, tkhd.body + (20 if version == 1 else 12))[0])
 
 
-def _parse_moov(moov: memoryview, size: int, base: int, where: str) -> Mp4Track:
+_Fragments = Callable[[int, int], FragmentSamples]
+"""``fragments(track_id, next_dts)``: a track's samples in the movie fragments."""
+
+
+def _parse_moov(
+    moov: memoryview, size: int, base: int, where: str, fragments: _Fragments | None
+) -> Mp4Track:
     top = next(iter_boxes(moov, 0, len(moov), where))
     boxes = list(iter_boxes(moov, top.body, top.end, where))
-    fragmented = any(box.type == b"mvex" for box in boxes)  # samples live in moof boxes
     movie_timescale = 1  # FFmpeg reads a missing or zero mvhd timescale as 1
     mvhd = next((box for box in boxes if box.type == b"mvhd"), None)
     if mvhd is not None:
@@ -295,7 +332,7 @@ def _parse_moov(moov: memoryview, size: int, base: int, where: str) -> Mp4Track:
     unsupported: str | None = None
     for box in boxes:
         if box.type == b"trak":
-            track = _video_track(moov, box, movie_timescale, size, base, where, fragmented)
+            track = _video_track(moov, box, movie_timescale, size, base, where, fragments)
             if isinstance(track, Mp4Track):
                 return track
             unsupported = unsupported or track
@@ -322,7 +359,7 @@ def _video_track(
     size: int,
     base: int,
     where: str,
-    fragmented: bool,
+    fragments: _Fragments | None,
 ) -> Mp4Track | str | None:
     """The track as Mp4Track; its codec name when it is video we cannot read; None if not video."""
     trak = children(buf, trak_box, where)
@@ -347,25 +384,27 @@ def _video_track(
     if timescale == 0:
         raise Mp4Error(where, "video track has timescale 0 (mdhd)")
 
-    sizes = _sample_sizes(buf, stbl, size, where)
+    samples = _stbl_samples(buf, stbl, size, where, fragments is not None)
+    track_id = _track_id(buf, trak[b"tkhd"], where)
+    if fragments is None:
+        edits = _edits(buf, trak, where)
+    else:
+        samples = _with_fragments(samples, fragments(track_id, samples.ticks))
+        edits = []  # FFmpeg shows every sample of a fragmented track
+    offsets, sizes, keyframes = samples.offsets, samples.sizes, samples.keyframes
     n = len(sizes)
     if n == 0:
-        if fragmented:
-            raise UnsupportedVideo(where, entry.codec, "fragmented mp4 (moof) is not supported")
         raise Mp4Error(where, "video track has no samples")
-    if b"stsc" not in stbl:
-        raise Mp4Error(where, "video track has no sample-to-chunk table (stsc)")
-    stsc = _table(buf, stbl[b"stsc"], _STSC, where)
-    offsets = _sample_offsets(_chunk_offsets(buf, stbl, where), stsc, sizes, where)
     if int((offsets + sizes).max()) > size:
         raise Mp4Error(where, f"samples run past the end of the file ({size} bytes): truncated")
-    keyframes = _keyframes(buf, stbl, n, where)
-    dts, pts, has_ctts, rate = _times(buf, stbl, n, where)
-    edits = _edits(buf, trak, where)
-    edited = apply_edits(edits, dts, pts, keyframes, has_ctts, movie_timescale, timescale)
+    edited = apply_edits(
+        edits, samples.dts, samples.pts, keyframes, samples.has_ctts, movie_timescale, timescale
+    )
     if edited is None:
-        display = np.empty(n, np.int32)
-        display[np.argsort(pts, kind="stable")] = np.arange(n, dtype=np.int32)
+        display = np.full(n, -1, np.int32)
+        visible = np.arange(n) if samples.shown is None else np.flatnonzero(samples.shown)
+        order = visible[np.argsort(samples.pts[visible], kind="stable")]
+        display[order] = np.arange(len(order), dtype=np.int32)
     else:
         picked = edited.samples
         offsets, sizes, keyframes = offsets[picked], sizes[picked], keyframes[picked]
@@ -373,14 +412,15 @@ def _video_track(
     shown = int((display >= 0).sum())
     if shown == 0:
         raise Mp4Error(where, "the edit list shows no frame of the video track")
-    offsets = offsets + np.uint64(base)
+    offsets = offsets.astype(np.uint64) + np.uint64(base)
+    sizes = sizes.astype(np.uint32)
     for array in (offsets, sizes, keyframes, display):
         array.setflags(write=False)
     return Mp4Track(
         codec=entry.codec,  # type: ignore[arg-type]
         width=entry.width,
         height=entry.height,
-        fps=rate * timescale,
+        fps=samples.n / samples.ticks * timescale if samples.ticks else 0.0,
         timescale=timescale,
         n=shown,
         offsets=offsets,
@@ -393,7 +433,64 @@ def _video_track(
         matrix=entry.matrix,  # type: ignore[arg-type]
         full_range=entry.full_range,
         rotation=_rotation(buf, trak[b"tkhd"], where),
-        track_id=_track_id(buf, trak[b"tkhd"], where),
+        track_id=track_id,
+    )
+
+
+class _Samples(NamedTuple):
+    """A track's samples before edits, in decode order."""
+
+    offsets: np.ndarray  # uint64 or int64, in the mp4
+    sizes: np.ndarray
+    keyframes: np.ndarray
+    dts: np.ndarray  # int64 media ticks
+    pts: np.ndarray
+    has_ctts: bool
+    n: int  # samples and ...
+    ticks: int  # ... their total duration (FFmpeg's frame rate is the ratio)
+    shown: np.ndarray | None = None  # bool per sample, None: all (edit lists aside)
+
+
+def _stbl_samples(
+    buf: memoryview, stbl: dict[bytes, Box], size: int, where: str, fragmented: bool
+) -> _Samples:
+    """The samples the moov's own tables hold (none is fine when fragments follow)."""
+    sizes = _sample_sizes(buf, stbl, size, where)
+    n = len(sizes)
+    if n == 0:
+        if not fragmented:
+            raise Mp4Error(where, "video track has no samples")
+        empty = np.zeros(0, np.int64)
+        return _Samples(empty, empty, np.zeros(0, bool), empty, empty, False, 0, 0)
+    if b"stsc" not in stbl:
+        raise Mp4Error(where, "video track has no sample-to-chunk table (stsc)")
+    stsc = _table(buf, stbl[b"stsc"], _STSC, where)
+    offsets = _sample_offsets(_chunk_offsets(buf, stbl, where), stsc, sizes, where)
+    keyframes = _keyframes(buf, stbl, n, where)
+    dts, pts, has_ctts, count, ticks = _times(buf, stbl, n, where)
+    return _Samples(offsets, sizes, keyframes, dts, pts, has_ctts, count, ticks)
+
+
+def _with_fragments(samples: _Samples, more: FragmentSamples) -> _Samples:
+    """The moov's samples followed by the fragments' ones. As in FFmpeg, a fragment's sample
+    whose decode time does not pass the previous sample's is decoded but never shown."""
+    n = len(more.sizes)
+    if n == 0:
+        return samples
+    dts = np.concatenate([samples.dts, more.dts])
+    shown = np.ones(len(dts), bool)
+    shown[1:] = dts[1:] > dts[:-1]
+    shown[: len(samples.dts)] = True
+    return _Samples(
+        np.concatenate([samples.offsets.astype(np.int64), more.offsets]),
+        np.concatenate([samples.sizes.astype(np.int64), more.sizes]),
+        np.concatenate([samples.keyframes, more.keyframes]),
+        dts,
+        np.concatenate([samples.pts, more.dts + more.cts]),
+        samples.has_ctts or more.has_cts,
+        samples.n + n,
+        samples.ticks + more.ticks,
+        shown,
     )
 
 
@@ -414,20 +511,68 @@ def _sample_entry(buf: memoryview, stbl: dict[bytes, Box], where: str) -> _Sampl
     width, height = struct.unpack_from(">HH", buf, box.body + 24)
     inner = children(buf, box._replace(body=box.body + _VISUAL_SAMPLE_ENTRY), where)
     config_box = inner.get(_CONFIG_BOX[codec])
-    if config_box is None:
+    if config_box is None and codec != "vp9":
         wanted = _CONFIG_BOX[codec].decode()
         raise Mp4Error(where, f"{_name(box)} sample entry lacks its {wanted} box")
-    config = bytes(buf[config_box.body : config_box.end])
+    config = b"" if config_box is None else bytes(buf[config_box.body : config_box.end])
+    matrix, full_range = _colour(buf, inner)
+    length_size, prefix = 0, b""
     try:
         if codec == "av1":
-            length_size, prefix = 0, config[4:]
-        else:
+            prefix = config[4:]
+        elif codec in ("h264", "hevc"):
             length_size = nal_length_size(codec, config)
             prefix = parameter_sets_annexb(codec, config)
     except AnnexBError as e:
         raise Mp4Error(where, str(e)) from None
-    matrix, full_range = _colour(buf, inner)
+    if codec == "mpeg4":
+        object_type, config = _decoder_config(config, where)
+        if object_type != _MPEG4_VISUAL:
+            return _OBJECT_TYPES.get(object_type, f"mp4v (object type 0x{object_type:02x})")
+    if codec == "vp9" and matrix is None and len(config) >= 10 and config[0] == 1:
+        matrix = _MATRIX_NAMES.get(config[9])  # vpcC version 1: matrix_coefficients
+        full_range = bool(config[6] & 1)
     return _SampleEntry(codec, width, height, config, length_size, prefix, matrix, full_range)
+
+
+def _descriptor(data: bytes, pos: int, where: str) -> tuple[int, int, int]:
+    """An MPEG-4 descriptor at ``pos``: (tag, where its payload starts, where it ends)."""
+    if pos >= len(data):
+        raise Mp4Error(where, "esds box truncated")
+    tag, length, pos = data[pos], 0, pos + 1
+    for _ in range(4):  # expandable size: 7 bits a byte, high bit set while more follow
+        if pos >= len(data):
+            raise Mp4Error(where, "esds box truncated")
+        length = (length << 7) | (data[pos] & 0x7F)
+        pos += 1
+        if not data[pos - 1] & 0x80:
+            break
+    if pos + length > len(data):
+        raise Mp4Error(where, f"esds descriptor 0x{tag:02x} runs past its box")
+    return tag, pos, pos + length
+
+
+def _decoder_config(esds: bytes, where: str) -> tuple[int, bytes]:
+    """(objectTypeIndication, DecoderSpecificInfo) of an esds payload (after version/flags)."""
+    tag, pos, end = _descriptor(esds, 4, where)
+    if tag != 0x03 or end - pos < 3:
+        raise Mp4Error(where, "esds box without an ES descriptor")
+    flags = esds[pos + 2]
+    pos += 3 + (2 if flags & 0x80 else 0)  # ES_ID, flags, dependsOn_ES_ID
+    if flags & 0x40:  # URL
+        pos += 1 + (esds[pos] if pos < end else 0)
+    pos += 2 if flags & 0x20 else 0  # OCR_ES_ID
+    tag, pos, end = _descriptor(esds, pos, where)
+    if tag != 0x04 or end - pos < 13:
+        raise Mp4Error(where, "esds box without a decoder configuration descriptor")
+    object_type = esds[pos]
+    pos += 13
+    while pos < end:
+        tag, start, stop = _descriptor(esds, pos, where)
+        if tag == 0x05:
+            return object_type, esds[start:stop]
+        pos = stop
+    return object_type, b""
 
 
 def _keyframes(buf: memoryview, stbl: dict[bytes, Box], n: int, where: str) -> np.ndarray:

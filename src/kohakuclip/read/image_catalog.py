@@ -5,7 +5,9 @@ memory-mapped once per process and read record by record, so a catalog over tens
 images holds no per-image Python objects. Plain sources (zips with stored or deflated members,
 tars, folder trees) are listed once; their images' sizes and codecs come from the bytes when an
 image is read or ``info`` asks. A GulpIO directory gives one image per stored frame (image gulps
-hold one frame per id, video gulps every frame), located through its flat ``GulpIndex``.
+hold one frame per id, video gulps every frame), located through its flat ``GulpIndex``. A
+folder with a dataset view (``dataset.json``, from ``kohakuclip merge``) gives its shards in the
+view's order, each opened from the view's index location without reading the shard.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from __future__ import annotations
 import os
 import threading
 import zlib
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from kohakuclip.formats import IMAGE_CODECS
+from kohakuclip.formats import IMAGE_CODECS, INDEX_MEMBER, SHARD_SUFFIXES
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.read.image_manifest import ImageManifest
@@ -27,6 +30,7 @@ from kohakuclip.storage.folder import list_folder
 from kohakuclip.storage.image_index import find_image_index, map_image_index, member_names
 from kohakuclip.storage.index import IndexFormatError
 from kohakuclip.storage.tar import list_tar
+from kohakuclip.storage.view import ViewError, has_view, load_view
 from kohakuclip.storage.zip import ArchiveError, Member, list_zip
 from kohakuclip.write.image_sources import IMAGE_SUFFIXES
 
@@ -65,15 +69,52 @@ class _Source:
     gulp: GulpIndex | None = None
 
 
+def _expand_shard_folders(sources: list[str]) -> list[str]:
+    """Sources with each folder that holds shards but no images replaced by its shards
+    (e.g. kohakuclip-write-images' output)."""
+    out = []
+    for path in map(os.fspath, sources):
+        plain = os.path.isdir(path) and not is_gulp_directory(path) and not has_view(path)
+        shards = list_folder(path, SHARD_SUFFIXES) if plain else []
+        if shards and not list_folder(path, IMAGE_SUFFIXES):
+            out += [os.path.join(path, name) for name in shards]
+        else:
+            out.append(path)
+    return out
+
+
 class ImageCatalog:
     """Image ids ``0 .. len-1`` over the sources, in source order."""
 
     def __init__(self, sources: list[str], use_index: bool = True) -> None:
-        self.sources = [self._open(os.fspath(p), use_index) for p in sources]
+        self.sources = [
+            s for p in _expand_shard_folders(sources) for s in self._open_all(p, use_index)
+        ]
         counts = np.array([s.count for s in self.sources], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self._start_list: list[int] = self._starts.tolist()
         self._lock = threading.Lock()
         self._manifest: ImageManifest | None = None
+
+    def _open_all(self, path: str, use_index: bool) -> list[_Source]:
+        """One source, or every shard of a dataset view."""
+        if not has_view(path):
+            return [self._open(path, use_index)]
+        try:
+            view = load_view(path)
+        except ViewError as e:
+            raise ImageSourceError(str(e)) from None
+        if view.kind != "image":
+            raise ImageSourceError(f"{path}: a dataset view of {view.kind}s, not images")
+        return [
+            _Source(
+                os.path.join(path, s.name),
+                "indexed",
+                s.count,
+                index_member=Member(INDEX_MEMBER, *s.index),
+            )
+            for s in view.shards
+        ]
 
     def _open(self, path: str, use_index: bool) -> _Source:
         if is_gulp_directory(path):
@@ -122,8 +163,8 @@ class ImageCatalog:
                 src.records = None
 
     def _find(self, image_id: int) -> tuple[_Source, int]:
-        s = int(np.searchsorted(self._starts, image_id, side="right")) - 1
-        return self.sources[s], image_id - int(self._starts[s])
+        s = bisect_right(self._start_list, image_id) - 1  # np.searchsorted releases the GIL
+        return self.sources[s], image_id - self._start_list[s]
 
     def _records(self, src: _Source) -> np.ndarray:
         if src.records is None or src.records_pid != os.getpid():
@@ -143,7 +184,7 @@ class ImageCatalog:
     @staticmethod
     def _gulp_frame(gulp: GulpIndex, k: int) -> tuple[int, int]:
         """(video, frame in that video) of the ``k``-th stored frame of a gulp directory."""
-        video = int(np.searchsorted(gulp.first, k, side="right")) - 1
+        video = bisect_right(gulp.first, k) - 1  # gulp.first: a sorted sequence
         return video, k - int(gulp.first[video])
 
     def frame(self, image_id: int) -> int | None:

@@ -5,18 +5,32 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, Literal, get_args
+from functools import cache, partial
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
-from kohakuclip.decode.image import ImageDecoder, ImageMode, output_shape, sniff_codec
+from kohakuclip.decode.image import (
+    JPEG_COLORSPACE,
+    ImageDecoder,
+    ImageMode,
+    dct_denominator,
+    output_shape,
+    scaled_window,
+    sniff_codec,
+)
+from kohakuclip.decode.pixels import Crop, yuv_to_rgb_matrix
 from kohakuclip.read.image_catalog import ImageCatalog, ImageLocation
 from kohakuclip.read.image_crop import image_crop
+from kohakuclip.read.plan import ClipPlan, GopRead
 from kohakuclip.read.pool import OwnedPool, Pending, ThreadPool, batch_buffer
-from kohakuclip.read.seeding import generator
+from kohakuclip.read.seeding import generator, per_item_keys
 from kohakuclip.storage.files import FileCache
+
+if TYPE_CHECKING:
+    from kohakuclip.decode._clips import AvcodecClips, ShareTables
 
 ImageCrop = Literal["random", "center", "resized"]
 
@@ -50,11 +64,45 @@ class ImageBatch:
     colorspaces: list[str]  # "rgb", or the YUV matrix of the planes ("bt601-full", ...)
     full_range: np.ndarray  # bool [N]: the planes are full range (yuv modes)
     mode: str  # "rgb", "yuv_resized" or "yuv" (what kohakuclip.torch.yuv_to_rgb needs)
+    item_keys: list[int] | None = None  # per image, the key of its crop and flips (submit)
 
     @property
     def video(self) -> np.ndarray:
         """The pixels under the name the batch datasets share with clip batches."""
         return self.image
+
+
+@cache
+def _avcodec_found() -> bool:
+    """True when PyAV's libavcodec passed its start-up layout check (``decode._avcodec``)."""
+    from kohakuclip.decode import _avcodec
+
+    return _avcodec.library() is not None
+
+
+_JPEG_MATRIX = yuv_to_rgb_matrix("bt601", True)  # JFIF
+
+
+def _picture_plan(offset: int, size: int) -> ClipPlan:
+    """One stored picture as a one-packet clip plan."""
+    return ClipPlan([GopRead(offset, size, [(((0, size),), 0)])], {0: [0]}, 1, 1)
+
+
+class _ImageWorker:
+    """Per-thread state: the Python-path decoder and the compiled JPEG decoders (one per DCT
+    scaling, made on first use)."""
+
+    def __init__(self, size: int, mode: ImageMode, window: int) -> None:
+        self.decoder = ImageDecoder(size, mode, window)
+        self._jpeg: AvcodecClips | None = None
+
+    @property
+    def jpeg(self) -> AvcodecClips:
+        if self._jpeg is None:
+            from kohakuclip.decode._clips import AvcodecClips
+
+            self._jpeg = AvcodecClips([("mjpeg", lowres) for lowres in range(4)])
+        return self._jpeg
 
 
 class ImageReader:
@@ -114,12 +162,11 @@ class ImageReader:
         self.yuv_size = yuv_size
         self._catalog = ImageCatalog([os.fspath(p) for p in paths], use_index)
         self._rng = np.random.default_rng(seed)
+        self._compiled = True  # False: every image through PyAV / Pillow (the tests' twin)
         self._pid = os.getpid()
         self._files = FileCache(open_files)
         # threads, decoders and descriptors end with close() or when the reader is collected
-        self._pool = OwnedPool(
-            self, threads, partial(ImageDecoder, size, mode, yuv_size), self._files.close
-        )
+        self._pool = OwnedPool(self, threads, self._files.close)
 
     # -- catalog -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -187,12 +234,25 @@ class ImageReader:
             self._pid = os.getpid()
             self._catalog.after_fork()
             self._files.ensure_process()
-        return self._pool.get(), self._files
+        worker = partial(_ImageWorker, self.size, self.mode, self.yuv_size)
+        return self._pool.get(worker), self._files
 
     def submit(
-        self, ids: Sequence[int], out: np.ndarray | None = None, seed: int | None = None
+        self,
+        ids: Sequence[int],
+        out: np.ndarray | None = None,
+        seed: int | None = None,
+        item_keys: Sequence[int] | None = None,
     ) -> Pending[ImageBatch]:
-        """Queue a batch for decoding; returns at once. ``out`` (optional) receives the pixels."""
+        """Queue a batch for decoding; returns at once.
+
+        Args:
+            ids: image ids.
+            out: receives the pixels (optional; shape ``batch_shape``, uint8, C-contiguous).
+            seed: image ``i`` takes its crop and flips from ``(seed, i)`` (drawn when None).
+            item_keys: one int in ``[0, 2**64)`` per image: image ``i`` takes its crop and flips
+                from ``item_keys[i]`` alone, whatever its position (``seed`` is then unused).
+        """
         clean = [self._check_id(i) for i in ids]
         if not clean:
             raise ValueError("a batch needs at least one image")
@@ -208,27 +268,118 @@ class ImageReader:
             colorspaces=[""] * len(clean),
             full_range=np.zeros(len(clean), bool),
             mode=self.mode,
+            item_keys=per_item_keys(item_keys, len(clean)),
         )
         pool, files = self._ensure_process()
-        pending: Pending[ImageBatch] = Pending(len(clean), batch)
-        pool.submit([self._task(batch, i, seed, files) for i in range(len(clean))], pending)
+        shares = np.array_split(np.arange(len(clean)), min(self.threads, len(clean)))
+        pending: Pending[ImageBatch] = Pending(len(shares), batch)
+        pool.submit([self._share_task(batch, s.tolist(), seed, files) for s in shares], pending)
         return pending
 
     def read(
-        self, ids: Sequence[int], out: np.ndarray | None = None, seed: int | None = None
+        self,
+        ids: Sequence[int],
+        out: np.ndarray | None = None,
+        seed: int | None = None,
+        item_keys: Sequence[int] | None = None,
     ) -> ImageBatch:
-        """Decode a batch and wait for it."""
-        return self.submit(ids, out, seed).result()
+        """Decode a batch and wait for it (arguments as for ``submit``)."""
+        return self.submit(ids, out, seed, item_keys).result()
 
-    def _task(self, batch: ImageBatch, i: int, seed: int, files: FileCache) -> Any:
-        def run(decoder: ImageDecoder) -> None:
-            loc = self._catalog.locate(batch.ids[i])
-            try:
-                self._read_one(decoder, loc, batch, i, seed, files)
-            except Exception as e:
-                raise ImageReadError(f"{self._where(batch.ids[i], loc)}: {e}") from e
+    def _share_task(self, batch: ImageBatch, share: list[int], seed: int, files: FileCache) -> Any:
+        """One thread's part of a batch: stored JPEGs go through compiled libavcodec in one
+        call (no GIL inside), the rest one by one. The first failing image's error is raised
+        once the others are written."""
+
+        def run(worker: _ImageWorker) -> None:
+            from kohakuclip.decode import _clips  # numba loads with the first batch
+
+            errors: dict[int, BaseException] = {}
+            later: list[int] = []
+            with ExitStack() as descriptors:
+                tables: ShareTables | None = None
+                for i in share:
+                    try:
+                        tables = self._add_jpeg(batch, i, seed, files, descriptors, tables)
+                    except _NotCompiled:
+                        later.append(i)
+                    except Exception as e:
+                        errors[i] = e
+                if tables is not None:
+                    image = batch.image.reshape(len(batch.ids), 1, -1)
+                    status = worker.jpeg.run(tables, image)
+                    for i, (code, detail, _) in zip(tables.slots, status.tolist()):
+                        if code == _clips.UNSUPPORTED_FORMAT:
+                            later.append(i)
+                        elif code != _clips.OK:
+                            errors[i] = ImageReadError(_clips.describe(code, detail))
+            for i in later:
+                try:
+                    self._read_one(worker.decoder, batch, i, seed, files)
+                except Exception as e:
+                    errors[i] = e
+            if errors:
+                first = min(errors)
+                loc = self._catalog.locate(batch.ids[first])
+                error = errors[first]
+                raise ImageReadError(f"{self._where(batch.ids[first], loc)}: {error}") from error
 
         return run
+
+    def _geometry(
+        self, batch: ImageBatch, i: int, seed: int, width: int, height: int
+    ) -> tuple[Crop, bool, bool]:
+        """Image ``i``'s crop and flips (from its own seeded draw), recorded in the batch."""
+        rng = generator(seed, i) if batch.item_keys is None else generator(batch.item_keys[i])
+        crop = image_crop(self.crop, width, height, rng, self.scale, self.ratio)
+        hflip = bool(rng.random() < self.hflip)
+        vflip = bool(rng.random() < self.vflip)
+        batch.crops[i] = (crop.x, crop.y, crop.w, crop.h)
+        batch.flips[i] = (hflip, vflip)
+        return crop, hflip, vflip
+
+    def _add_jpeg(
+        self,
+        batch: ImageBatch,
+        i: int,
+        seed: int,
+        files: FileCache,
+        descriptors: ExitStack,
+        tables: ShareTables | None,
+    ) -> ShareTables:
+        """Plan image ``i`` into the compiled JPEG tables; raises _NotCompiled for what the
+        Python path takes (other codecs, deflated members, sizes not in the index)."""
+        loc = self._catalog.locate(batch.ids[i])
+        stored = loc.size > 0 and not loc.compressed and loc.width > 0
+        if not (self._compiled and loc.codec == "jpeg" and stored and _avcodec_found()):
+            raise _NotCompiled
+        crop, hflip, vflip = self._geometry(batch, i, seed, loc.width, loc.height)
+        if self.mode == "yuv" and (crop.w > self.yuv_size or crop.h > self.yuv_size):
+            raise ValueError(
+                f"crop window {crop.w}x{crop.h} exceeds the {self.yuv_size}-pixel yuv window "
+                "(use a larger yuv_size, or mode='yuv_resized')"
+            )
+        scaling = self.dct_scale and self.mode != "yuv"
+        d = dct_denominator(loc.width, loc.height, crop, self.size) if scaling else 1
+        window = scaled_window(loc.width, loc.height, crop, d)
+        batch.colorspaces[i] = "rgb" if self.mode == "rgb" else JPEG_COLORSPACE
+        batch.full_range[i] = self.mode != "rgb"
+        if tables is None:
+            from kohakuclip.decode._clips import ShareTables
+
+            tables = ShareTables(self.mode, self.size, self.yuv_size)
+        tables.add(
+            i,
+            descriptors.enter_context(files.open(loc.path)),
+            _picture_plan(loc.offset, loc.size),
+            window,
+            (hflip, vflip),
+            _JPEG_MATRIX,
+            decoder=d.bit_length() - 1,
+        )
+        shrunk = (-(-loc.height // d), -(-loc.width // d))
+        tables.gray = (max(tables.gray[0], shrunk[0]), max(tables.gray[1], shrunk[1]))
+        return tables
 
     def _where(self, image_id: int, loc: ImageLocation) -> str:
         try:
@@ -237,25 +388,16 @@ class ImageReader:
             return loc.where
 
     def _read_one(
-        self,
-        decoder: ImageDecoder,
-        loc: ImageLocation,
-        batch: ImageBatch,
-        i: int,
-        seed: int,
-        files: FileCache,
+        self, decoder: ImageDecoder, batch: ImageBatch, i: int, seed: int, files: FileCache
     ) -> None:
+        """One image through PyAV, libdav1d or Pillow."""
+        loc = self._catalog.locate(batch.ids[i])
         data = ImageCatalog.read(loc, files)
         codec, width, height = loc.codec, loc.width, loc.height
         if not codec or not width:
             codec = codec or sniff_codec(data)
             width, height = decoder.probe(data, codec)
-        rng = generator(seed, i)
-        crop = image_crop(self.crop, width, height, rng, self.scale, self.ratio)
-        hflip = bool(rng.random() < self.hflip)
-        vflip = bool(rng.random() < self.vflip)
-        batch.crops[i] = (crop.x, crop.y, crop.w, crop.h)
-        batch.flips[i] = (hflip, vflip)
+        crop, hflip, vflip = self._geometry(batch, i, seed, width, height)
         colorspace = decoder.write(
             data, codec, loc.color, width, height, crop, hflip, vflip, self.dct_scale,
             batch.image[i],
@@ -273,6 +415,10 @@ class ImageReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _NotCompiled(Exception):
+    """An image the compiled JPEG path does not take."""
 
 
 def _as_dict(meta: Any) -> dict[str, Any]:

@@ -12,17 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kohakuclip.read.seeding import seed_sequence
+from kohakuclip.read.seeding import mix64, seed_sequence
 
 _ROUNDS = 6
 _MAX_N = 1 << 62
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """The splitmix64 finaliser: a fast, well-avalanched 64-bit hash (wraps modulo 2**64)."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
 
 
 def _feistel(x: np.ndarray, keys: np.ndarray, half: int) -> np.ndarray:
@@ -31,7 +24,7 @@ def _feistel(x: np.ndarray, keys: np.ndarray, half: int) -> np.ndarray:
     mask = np.uint64((1 << half) - 1)
     left, right = x >> shift, x & mask
     for key in keys:
-        left, right = right, left ^ (_mix(right ^ key) & mask)
+        left, right = right, left ^ (mix64(right ^ key) & mask)
     return (left << shift) | right
 
 

@@ -12,6 +12,7 @@ from that read depends on ``skip``:
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Literal
 
@@ -50,8 +51,15 @@ class ClipPlan:
         return sum(r.length for r in self.reads)
 
 
-def plan_clip(track: VideoTrack, frames: list[int] | np.ndarray, skip: Skip = True) -> ClipPlan:
-    """Plan the reads and decoder input for display-order ``frames`` of ``track``."""
+def plan_clip(
+    track: VideoTrack, frames: list[int] | np.ndarray, skip: Skip = True, reach_back: int = 0
+) -> ClipPlan:
+    """Plan the reads and decoder input for display-order ``frames`` of ``track``.
+
+    ``reach_back``: start decoding that many keyframes earlier than needed. An H.264 sync
+    sample that is not an IDR picture (a recovery point without the SEI) may leave later
+    frames referencing pictures before it, which the decoder then drops: the reader retries
+    such clips from an earlier keyframe."""
     wanted_display = np.asarray(frames, dtype=np.int64)
     n = track.n
     if wanted_display.size == 0:
@@ -64,20 +72,23 @@ def plan_clip(track: VideoTrack, frames: list[int] | np.ndarray, skip: Skip = Tr
     targets: dict[int, list[int]] = {}
     for t, d in enumerate(wanted_display.tolist()):
         targets.setdefault(d, []).append(t)
-    unique_display = np.fromiter(targets, dtype=np.int64, count=len(targets))
-    if track.decode_of_display is None:
-        wanted_decode = np.sort(unique_display)
-    else:
-        wanted_decode = np.sort(track.decode_of_display[unique_display])
+    # sorted() and bisect, not np.sort / np.searchsorted: those release the GIL, and each
+    # release costs a decode thread up to a switch interval beside a busy training thread
+    unique_display = list(targets)
+    if track.decode_of_display is not None:
+        unique_display = track.decode_of_display[unique_display].tolist()
+    wanted_decode = np.array(sorted(unique_display), np.int64)
     keys = track.key_positions
     if len(keys) == 0 or keys[0] > wanted_decode[0]:
         keys = np.concatenate([[0], keys]).astype(np.int64)
-    gop = np.searchsorted(keys, wanted_decode, side="right") - 1
+    key_list = keys.tolist()
+    gop = np.array([bisect_right(key_list, d) - 1 for d in wanted_decode.tolist()], np.int64)
     if track.display is not None:
         # Open GOPs: a leading picture (shown before its keyframe) may reference the previous
         # GOP, so decoding starts one keyframe earlier for it.
         leading = track.display[wanted_decode] < track.display[keys[gop]]
         gop = np.where(leading & (gop > 0), gop - 1, gop)
+    gop = np.maximum(gop - reach_back, 0)
     gop_start = keys[gop]
     reads = []
     packets = decoded = 0
@@ -136,8 +147,9 @@ def _frames_in(track: VideoTrack, first: int, fed: np.ndarray, lengths: np.ndarr
     table = track.av1_frames
     if table is None:
         return len(fed)
-    lo, hi = np.searchsorted(table["sample"], [first + fed[0], first + fed[-1] + 1])
-    part = table[lo:hi]
+    rows = track.av1_rows
+    assert rows is not None
+    part = table[int(rows[first + fed[0]]) : int(rows[first + fed[-1] + 1])]
     limit = np.zeros(int(fed[-1]) + 1, np.int64)
     limit[fed] = lengths
     inside = part["end"] <= limit[part["sample"] - first]
@@ -173,8 +185,7 @@ def _closure_packets(
 def _merged_ranges(gop_start: np.ndarray, wanted_decode: np.ndarray) -> list[tuple[int, int]]:
     """Decode-order ranges [keyframe, last wanted sample], overlapping ones merged."""
     ranges: list[tuple[int, int]] = []
-    order = np.argsort(gop_start, kind="stable")
-    for first, last in zip(gop_start[order].tolist(), wanted_decode[order].tolist()):
+    for first, last in sorted(zip(gop_start.tolist(), wanted_decode.tolist())):
         if ranges and first <= ranges[-1][1]:
             ranges[-1] = (ranges[-1][0], max(ranges[-1][1], last))
         else:

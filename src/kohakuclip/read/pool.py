@@ -127,6 +127,10 @@ def _wait_exited(threads: list[threading.Thread], limit: float = 5.0) -> None:
             time.sleep(0.0005)
 
 
+# weakref.finalize registers its own exit hook on first use, which frees the native decoders
+# still alive: make that happen now, so that this hook, registered after it, runs before it
+# (atexit runs last in, first out) and no context is freed under a decoding thread.
+weakref.finalize(_stop_pools_at_exit, lambda: None).atexit = False
 atexit.register(_stop_pools_at_exit)
 os.register_at_fork(before=_settle_before_fork)
 
@@ -230,21 +234,14 @@ class OwnedPool:
 
     Made on first use (``get``) and again in a forked child (a pool is never used across a
     fork); stopped by ``close()`` or, when the reader is collected without it, by a finalizer.
-    Holds no reference to the reader: ``make_state`` and ``release`` (run on every close, e.g.
-    closing descriptors) must not hold one either.
+    Holds no reference to the reader: ``release`` (run on every close, e.g. closing
+    descriptors) and the ``make_state`` given to ``get`` must not hold one either.
     """
 
-    def __init__(
-        self,
-        owner: object,
-        threads: int,
-        make_state: Callable[[], Any],
-        release: Callable[[], None],
-    ) -> None:
+    def __init__(self, owner: object, threads: int, release: Callable[[], None]) -> None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.threads = threads
-        self._make_state = make_state
         self._release = release
         self._pool: ThreadPool | None = None
         self._pid = -1
@@ -252,10 +249,11 @@ class OwnedPool:
         finalizer = weakref.finalize(owner, self.close)
         finalizer.atexit = False  # the exit hook stops the threads; the OS takes the rest
 
-    def get(self) -> ThreadPool:
-        """This process's pool, started on first use."""
+    def get(self, make_state: Callable[[], Any]) -> ThreadPool:
+        """This process's pool, started on first use with a state per thread from
+        ``make_state`` (which must hold no reference to the owner)."""
         if self._pool is None or self._pid != os.getpid():
-            self._pool = ThreadPool(self.threads, self._make_state)
+            self._pool = ThreadPool(self.threads, make_state)
             self._pid = os.getpid()
             self._states = self._pool.states
         return self._pool

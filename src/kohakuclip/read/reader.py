@@ -5,22 +5,26 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from time import thread_time
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
-from kohakuclip.decode.image import ImageDecoder
-from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, square_crop
-from kohakuclip.decode.video import ClipDecoder, Planes
-from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
+from kohakuclip.decode.image import ImageDecoder, dct_denominator, scaled_window
+from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, Planes, square_crop
+from kohakuclip.decode.video import ClipDecoder, takes_dav1d
+from kohakuclip.read.plan import ClipPlan, FrameRangeError, Skip, plan_clip
 from kohakuclip.read.pool import OwnedPool, Pending, ThreadPool, batch_buffer
 from kohakuclip.read.sample import clip
-from kohakuclip.read.seeding import generator
+from kohakuclip.read.seeding import generator, per_item_keys
 from kohakuclip.storage.catalog import Catalog, VideoTrack
 from kohakuclip.storage.files import FileCache
+
+if TYPE_CHECKING:
+    from kohakuclip.decode._clips import ShareTables
 
 CropMode = Literal["random", "center"]
 Item = tuple[int, Sequence[int]]
@@ -56,17 +60,64 @@ class Batch:
     colorspaces: list[str]  # per clip: "bt601" | "bt709"
     full_range: np.ndarray  # bool [N]: full-range (JPEG-style) samples instead of limited
     mode: OutputMode = "rgb"
+    item_keys: list[int] | None = None  # per clip, the key of its crop and flips (submit)
+
+
+# rows of a thread's libavcodec decoder table: H.264, HEVC, then MJPEG at lowres 0-3
+_AVCODECS: list[tuple[Any, int]] = [("h264", 0), ("hevc", 0), *(("mjpeg", k) for k in range(4))]
+_AVCODEC_ROWS = {"h264": 0, "hevc": 1, "jpeg": 2}
+_REACH_BACK = 2  # keyframes a clip with frames the decoder dropped is retried from (plan_clip)
+
+
+@cache
+def _avcodec_found() -> bool:
+    """True when PyAV's libavcodec passed its start-up layout check (``decode._avcodec``)."""
+    from kohakuclip.decode import _avcodec
+
+    return _avcodec.library() is not None
 
 
 class _Worker:
     """Per-thread state: decoders and pixel buffers."""
 
-    def __init__(self, size: int, mode: OutputMode, window: int) -> None:
+    def __init__(self, size: int, mode: OutputMode, window: int, compiled: bool) -> None:
         self.decoder = ClipDecoder()
         self.pixels = PixelWriter(size, mode, window)
         self.size, self.mode, self.window = size, mode, window
         self._jpeg: ImageDecoder | None = None
+        self._dav1d: Any = None
+        self._avcodec: Any = None
+        self._use_compiled = compiled
         self.seconds = {"plan": 0.0}
+
+    def compiled(self, track: VideoTrack) -> tuple[Any, int] | None:
+        """The compiled share decoder that takes this track and its decoder row, or None (the
+        PyAV path)."""
+        if not self._use_compiled:
+            return None
+        if takes_dav1d(track):
+            if self._dav1d is None:
+                from kohakuclip.decode._clips import Dav1dClips
+
+                self._dav1d = Dav1dClips()
+            return self._dav1d, 0
+        annexb = bool(track.nal_length_size) or track.codec == "jpeg"
+        if track.codec in _AVCODEC_ROWS and annexb and _avcodec_found():
+            if self._avcodec is None:
+                from kohakuclip.decode._clips import AvcodecClips
+
+                self._avcodec = AvcodecClips(_AVCODECS)
+            return self._avcodec, _AVCODEC_ROWS[track.codec]
+        return None
+
+    def compiled_seconds(self) -> dict[str, float]:
+        """Thread CPU seconds per stage spent in compiled share calls."""
+        seconds: dict[str, float] = {}
+        for driver in (self._dav1d, self._avcodec):
+            if driver is not None:
+                for stage, ns in zip(("read", "decode", "pixels"), driver.seconds.tolist()):
+                    seconds[stage] = seconds.get(stage, 0.0) + ns / 1e9
+        return seconds
 
     @property
     def jpeg(self) -> ImageDecoder:
@@ -139,14 +190,10 @@ class Reader:
         if self.window % 2:
             raise ValueError(f"window must be even, got {self.window}")
         self._rng = np.random.default_rng(seed)
+        self._compiled = True  # False: every clip through PyAV (the tests' slow twin)
         self._pid = -1
         # threads, decoders and descriptors end with close() or when the reader is collected
-        self._pool = OwnedPool(
-            self,
-            threads,
-            partial(_Worker, size, mode, self.window),
-            self._catalog.close,
-        )
+        self._pool = OwnedPool(self, threads, self._catalog.close)
         self._stats_lock = threading.Lock()
         self._stats = {
             "clips": 0,
@@ -210,15 +257,25 @@ class Reader:
         if self._pid != os.getpid():
             self._pid = os.getpid()
             self._stats_lock = threading.Lock()
-        return self._pool.get(), self._catalog.files
+        worker = partial(_Worker, self.size, self.mode, self.window, self._compiled)
+        return self._pool.get(worker), self._catalog.files
 
     def submit(
         self,
         items: Sequence[Item],
         out: np.ndarray | None = None,
         seed: int | None = None,
+        item_keys: Sequence[int] | None = None,
     ) -> Pending[Batch]:
-        """Queue a batch for decoding; returns at once. ``out`` (optional) receives the pixels."""
+        """Queue a batch for decoding; returns at once.
+
+        Args:
+            items: ``(video id, [display-order frame indices])`` per clip, the same count each.
+            out: receives the pixels (optional; shape ``batch_shape``, uint8, C-contiguous).
+            seed: clip ``i`` takes its crop and flips from ``(seed, i)`` (drawn when None).
+            item_keys: one int in ``[0, 2**64)`` per clip: clip ``i`` takes its crop and flips
+                from ``item_keys[i]`` alone, whatever its position (``seed`` is then unused).
+        """
         clean: list[tuple[int, list[int]]] = []
         for item in items:
             try:
@@ -249,38 +306,126 @@ class Reader:
             colorspaces=[""] * len(clean),
             full_range=np.zeros(len(clean), bool),
             mode=self.mode,
+            item_keys=per_item_keys(item_keys, len(clean)),
         )
         pool, files = self._ensure_process()
-        pending: Pending[Batch] = Pending(len(clean), batch)
-        tasks = [self._clip_task(batch, i, seed, files) for i in range(len(clean))]
-        pool.submit(tasks, pending)
+        shares = np.array_split(np.arange(len(clean)), min(self.threads, len(clean)))
+        pending: Pending[Batch] = Pending(len(shares), batch)
+        pool.submit([self._share_task(batch, s.tolist(), seed, files) for s in shares], pending)
         return pending
 
     def read(
-        self, items: Sequence[Item], out: np.ndarray | None = None, seed: int | None = None
+        self,
+        items: Sequence[Item],
+        out: np.ndarray | None = None,
+        seed: int | None = None,
+        item_keys: Sequence[int] | None = None,
     ) -> Batch:
-        """Decode a batch and wait for it."""
-        return self.submit(items, out, seed).result()
+        """Decode a batch and wait for it (arguments as for ``submit``)."""
+        return self.submit(items, out, seed, item_keys).result()
 
-    def _clip_task(self, batch: Batch, i: int, seed: int, files: FileCache) -> Any:
-        catalog = self._catalog
+    def _share_task(self, batch: Batch, share: list[int], seed: int, files: FileCache) -> Any:
+        """One thread's part of a batch: every clip a compiled decoder takes goes through it in
+        one call (no GIL inside), the rest one by one through PyAV. The first failing clip's
+        error is raised once the others are written."""
 
         def run(worker: _Worker) -> None:
-            vid, frames = batch.items[i]
-            try:
-                self._read_clip(worker, batch, i, seed, files)
-            except Exception as e:
-                worker.decoder.reset(catalog.track_codec(vid))
-                raise ClipError(f"{catalog.where(vid)}: frames {frames}: {e}") from e
+            from kohakuclip.decode import _clips  # numba loads with the first batch
+
+            errors: dict[int, BaseException] = {}
+            later: list[int] = []
+            counts: dict[
+                int, tuple[int, int, int]
+            ] = {}  # per planned clip: decoded, packets, bytes
+            with ExitStack() as descriptors:
+                tables: dict[int, tuple[Any, ShareTables]] = {}
+                for i in share:
+                    try:
+                        planned = self._add_clip(worker, batch, i, seed, files, descriptors, tables)
+                        if planned is None:
+                            later.append(i)
+                        else:
+                            counts[i] = planned
+                    except Exception as e:
+                        errors[i] = e
+                video = batch.video.reshape(*batch.video.shape[:2], -1)
+                for decoder, share_tables in tables.values():
+                    status = decoder.run(share_tables, video)
+                    for i, (code, detail, _) in zip(share_tables.slots, status.tolist()):
+                        if code == _clips.OK:
+                            self._count(len(batch.items[i][1]), *counts[i])
+                        elif code in (_clips.UNSUPPORTED_FORMAT, _clips.MISSING_FRAME):
+                            later.append(i)  # PyAV, from earlier keyframes if need be
+                        elif code != _clips.OK:
+                            errors[i] = ClipError(_clips.describe(code, detail))
+            for i in later:
+                try:
+                    self._read_clip(worker, batch, i, seed, files)
+                except Exception as e:
+                    errors[i] = e
+            if errors:
+                first = min(errors)
+                vid, frames = batch.items[first]
+                error = errors[first]
+                raise ClipError(f"{self._catalog.where(vid)}: frames {frames}: {error}") from error
 
         return run
 
-    def _read_clip(
-        self, worker: _Worker, batch: Batch, i: int, seed: int, files: FileCache
-    ) -> None:
+    def _add_clip(
+        self,
+        worker: _Worker,
+        batch: Batch,
+        i: int,
+        seed: int,
+        files: FileCache,
+        descriptors: ExitStack,
+        tables: dict[int, tuple[Any, ShareTables]],
+    ) -> tuple[int, int, int] | None:
+        """Plan clip ``i`` into its compiled decoder's tables; returns what the plan decodes,
+        feeds and reads, or None for a clip the PyAV path takes."""
         vid, frames = batch.items[i]
         track = self._catalog.track(vid)
-        rng = generator(seed, i)
+        compiled = worker.compiled(track)
+        if compiled is None:
+            return None
+        decoder, row = compiled
+        if id(decoder) not in tables:
+            from kohakuclip.decode._clips import ShareTables
+
+            tables[id(decoder)] = (decoder, ShareTables(self.mode, self.size, self.window))
+        share = tables[id(decoder)][1]
+        crop, hflip, vflip = self._clip_geometry(batch, i, seed, track)
+        start = thread_time()
+        plan = plan_clip(track, frames, self.skip)
+        worker.seconds["plan"] += thread_time() - start
+        window = (crop.x, crop.y, crop.w, crop.h)
+        if track.codec == "jpeg":  # GulpIO frames: shrunk in the DCT as the image reader does
+            d = (
+                1
+                if self.mode == "yuv"
+                else dct_denominator(track.width, track.height, crop, self.size)
+            )
+            window = scaled_window(track.width, track.height, crop, d)
+            row += d.bit_length() - 1
+            share.gray = (max(share.gray[0], track.height), max(share.gray[1], track.width))
+        share.add(
+            i,
+            descriptors.enter_context(files.open(track.path)),
+            plan,
+            window,
+            (hflip, vflip),
+            worker.pixels.matrix(track.colorspace, track.full_range),
+            track.prefix,
+            track.nal_length_size,
+            row,
+        )
+        return plan.decoded, plan.packets, plan.bytes_read
+
+    def _clip_geometry(
+        self, batch: Batch, i: int, seed: int, track: VideoTrack
+    ) -> tuple[Crop, bool, bool]:
+        """Clip ``i``'s crop and flips (from its own seeded draw), recorded in the batch."""
+        rng = generator(seed, i) if batch.item_keys is None else generator(batch.item_keys[i])
         crop: Crop = square_crop(track.width, track.height, rng if self.crop == "random" else None)
         hflip = bool(rng.random() < self.hflip)
         vflip = bool(rng.random() < self.vflip)
@@ -290,30 +435,58 @@ class Reader:
         batch.flips[i] = (hflip, vflip)
         batch.colorspaces[i] = track.colorspace
         batch.full_range[i] = track.full_range
+        return crop, hflip, vflip
+
+    def _read_clip(
+        self, worker: _Worker, batch: Batch, i: int, seed: int, files: FileCache
+    ) -> None:
+        """One clip through PyAV (and GulpIO JPEG frames), frame by frame."""
+        track = self._catalog.track(batch.items[i][0])
+        try:
+            self._decode_clip(worker, batch, i, seed, files, track)
+        except Exception:
+            worker.decoder.reset(track.codec)
+            raise
+
+    def _decode_clip(
+        self, worker: _Worker, batch: Batch, i: int, seed: int, files: FileCache, track: VideoTrack
+    ) -> None:
+        frames = batch.items[i][1]
+        crop, hflip, vflip = self._clip_geometry(batch, i, seed, track)
         if track.codec == "jpeg":
             self._read_jpeg_clip(worker, track, batch.video[i], frames, crop, hflip, vflip, files)
             self._count(len(frames), len(set(frames)), len(set(frames)), 0)
             return
-        start = thread_time()
-        plan = plan_clip(track, frames, self.skip)
-        worker.seconds["plan"] += thread_time() - start
         out = batch.video[i]
-        written: dict[int, int] = {}
         pixels = worker.pixels
         colorspace, full_range = track.colorspace, track.full_range
+        for reach_back in range(_REACH_BACK + 1):
+            start = thread_time()
+            plan = plan_clip(track, frames, self.skip, reach_back)
+            worker.seconds["plan"] += thread_time() - start
+            written: dict[int, int] = {}
 
-        def on_frame(planes: Planes, display: int) -> None:
-            if display in written:
-                return
-            positions = plan.targets[display]
-            pixels.write(planes, crop, hflip, vflip, colorspace, full_range, out[positions[0]])
-            for t in positions[1:]:
-                out[t] = out[positions[0]]
-            written[display] = positions[0]
+            def on_frame(
+                planes: Planes,
+                display: int,
+                plan: ClipPlan = plan,
+                written: dict[int, int] = written,
+            ) -> None:
+                if display in written:
+                    return
+                positions = plan.targets[display]
+                y, u, v, shifts = planes
+                first = out[positions[0]]
+                pixels.write((y, u, v), crop, hflip, vflip, colorspace, full_range, first, shifts)
+                for t in positions[1:]:
+                    out[t] = first
+                written[display] = positions[0]
 
-        with files.open(track.path) as fd:
-            worker.decoder.decode(track, plan, fd, on_frame)
-        missing = [d for d in plan.targets if d not in written]
+            with files.open(track.path) as fd:
+                worker.decoder.decode(track, plan, fd, on_frame)
+            missing = [d for d in plan.targets if d not in written]
+            if not missing:
+                break
         if missing:
             raise ClipError(f"decoder produced no frame for display index {missing[0]}")
         self._count(len(frames), plan.decoded, plan.packets, plan.bytes_read)
@@ -360,7 +533,12 @@ class Reader:
         with self._stats_lock:
             s: dict[str, float] = dict(self._stats)
             for worker in self._pool.states:
-                for stage, seconds in (*worker.seconds.items(), *worker.decoder.seconds.items()):
+                stages = (
+                    *worker.seconds.items(),
+                    *worker.decoder.seconds.items(),
+                    *worker.compiled_seconds().items(),
+                )
+                for stage, seconds in stages:
                     s[f"seconds_{stage}"] = s.get(f"seconds_{stage}", 0.0) + seconds
         s["decoded_per_output"] = s["frames_decoded"] / s["frames_out"] if s["frames_out"] else 0.0
         return s

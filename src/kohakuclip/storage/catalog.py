@@ -1,7 +1,9 @@
 """The videos of a set of sources, and each video's frame table, resolved on first use.
 
 Sources are zip or tar shards (with or without a KCIDX1 index member), folder trees of mp4
-files, and GulpIO directories (every frame a JPEG: codec "jpeg", every frame a keyframe).
+files, GulpIO directories (every frame a JPEG: codec "jpeg", every frame a keyframe), and
+folders with a dataset view (``dataset.json``, written by ``kohakuclip merge``): their shards
+in the view's order, each video's header entry from the merged manifest, no shard opened.
 Opening a source reads at most its index header; a video's frame table comes from its index rows
 (one pread), or from parsing the mp4's moov box, the first time the video is read (cached).
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from kohakuclip.codecs.av1 import Av1Deps, Av1ParseError, analyze, sample_rows
 from kohakuclip.formats import (
@@ -25,6 +28,7 @@ from kohakuclip.formats import (
     FLAG_KEYFRAME,
     FRAME_RECORD,
     INDEX_MEMBER,
+    SHARD_SUFFIXES,
     VIDEO_INDEX_MAGIC,
     VideoEntry,
 )
@@ -34,6 +38,7 @@ from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.index import IndexFormatError, decode_index, video_entries
 from kohakuclip.storage.manifest import VideoManifests
 from kohakuclip.storage.tar import list_tar
+from kohakuclip.storage.view import ViewError, has_view, load_view
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
 
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov")
@@ -78,6 +83,9 @@ class VideoTrack:
     # per sample (and one past the last), the row of its first AV1_FRAME_RECORD
     av1_rows: np.ndarray | None = None
     n: int = 0  # frames shown
+    # the mp4 sample entry's decoder configuration (av1C / avcC / hvcC / vpcC payload, mpeg4's
+    # VOL headers): the extradata of codecs the PyAV fallback decodes without a prefix
+    config: bytes = b""
 
     def __post_init__(self) -> None:
         self.key_positions = np.flatnonzero(self.keyframe)
@@ -102,6 +110,11 @@ class _Source:
     deps_start: int = -1  # absolute offset of the AV1 dependency table (-1: none)
     deps: dict[str, tuple[int, int]] | None = None  # member -> (first record offset, records)
     gulp: GulpIndex | None = None
+    expected_size: int = -1  # from a dataset view: the shard's size when merged (-1: unknown)
+
+
+_VIEW_COLUMNS = ["shard", "index", "member", "frames", "fps", "width", "height", "codec"]
+_VIEW_COLUMNS += ["colorspace", "prefix"]
 
 
 class Catalog:
@@ -133,6 +146,9 @@ class Catalog:
 
     # -- opening -----------------------------------------------------------------------------
     def _add_source(self, path: str) -> None:
+        if has_view(path):
+            self._add_view(path)
+            return
         if os.path.isdir(path) and is_gulp_directory(path):
             sid = len(self.sources)
             try:
@@ -145,13 +161,23 @@ class Catalog:
         if os.path.isdir(path):
             from kohakuclip.storage.folder import list_folder
 
+            names = list_folder(path, VIDEO_SUFFIXES)
+            shards = [] if names else list_folder(path, SHARD_SUFFIXES)
+            if shards:  # a folder of shards, e.g. kohakuclip-write's output
+                for name in shards:
+                    self._add_source(os.path.join(path, name))
+                return
             sid = len(self.sources)
             self.sources.append(_Source(path, "folder"))
-            names = list_folder(path, VIDEO_SUFFIXES)
             self.videos.extend(VideoRef(sid, name) for name in names)
             return
         if not os.path.exists(path):
             raise SourceError(f"{path}: no such file or directory")
+        if path.lower().endswith(VIDEO_SUFFIXES):  # one video file: a folder of one
+            sid = len(self.sources)
+            self.sources.append(_Source(os.path.dirname(path) or ".", "folder"))
+            self.videos.append(VideoRef(sid, os.path.basename(path)))
+            return
         kind = "tar" if path.endswith(".tar") else "zip"
         src = _Source(path, kind)
         sid = len(self.sources)
@@ -174,6 +200,57 @@ class Catalog:
                 for name in sorted(members)
                 if name.lower().endswith(VIDEO_SUFFIXES)
             )
+
+    def _add_view(self, root: str) -> None:
+        """Every shard of a dataset view, each video's entry from the merged manifest."""
+        try:
+            view = load_view(root)
+        except ViewError as e:
+            raise SourceError(str(e)) from None
+        manifest = os.path.join(root, view.manifest)
+        if view.kind != "video":
+            raise SourceError(f"{root}: a dataset view of {view.kind}s, not videos")
+        try:
+            table = pq.read_table(manifest, columns=_VIEW_COLUMNS)
+        except (OSError, KeyError, ValueError) as e:
+            raise SourceError(f"{manifest}: cannot read the merged manifest ({e})") from None
+        table = table.sort_by([("shard", "ascending"), ("index", "ascending")])
+        columns = {name: table.column(name).to_pylist() for name in _VIEW_COLUMNS}
+        start = 0
+        for shard in view.shards:
+            rows = range(start, start + shard.count)
+            start += shard.count
+            if rows.stop > len(table) or any(columns["shard"][i] != shard.name for i in rows):
+                raise SourceError(f"{manifest}: rows disagree with the view's {shard.name}")
+            kind = "tar" if shard.name.endswith(".tar") else "zip"
+            sid = len(self.sources)
+            self.sources.append(
+                _Source(
+                    os.path.join(root, shard.name),
+                    kind,
+                    index_member=Member(INDEX_MEMBER, *shard.index),
+                    records_start=shard.records,
+                    deps_start=shard.deps,
+                    expected_size=shard.bytes,
+                )
+            )
+            row = 0
+            for i in rows:
+                entry = VideoEntry(
+                    member=columns["member"][i],
+                    row=row,
+                    n=columns["frames"][i],
+                    fps=columns["fps"][i],
+                    h=columns["height"][i],
+                    w=columns["width"][i],
+                    codec=columns["codec"][i],
+                    prefix=columns["prefix"][i] or "",
+                    colorspace=columns["colorspace"][i],
+                )
+                row += entry.n
+                self.videos.append(VideoRef(sid, entry.member, entry))
+        if start != len(table):
+            raise SourceError(f"{manifest}: {len(table)} rows, the view lists {start} videos")
 
     def _read_index_header(self, src: _Source) -> list[VideoEntry]:
         member = src.index_member
@@ -218,6 +295,14 @@ class Catalog:
         size = entry.n * FRAME_RECORD.itemsize
         start = src.records_start + entry.row * FRAME_RECORD.itemsize
         with self.files.open(src.path) as fd:
+            if src.expected_size >= 0:
+                actual = os.fstat(fd).st_size
+                if actual != src.expected_size:
+                    raise SourceError(
+                        f"{src.path}: {actual} bytes, the dataset view says {src.expected_size} "
+                        "(changed since `kohakuclip merge`: merge again)"
+                    )
+                src.expected_size = -1
             raw = os.pread(fd, size, start)
         if len(raw) != size:
             raise SourceError(f"{src.path}:{INDEX_MEMBER}: truncated frame table")
@@ -362,7 +447,7 @@ class Catalog:
             colorspace=mp4.matrix or ("bt709" if min(mp4.width, mp4.height) >= 720 else "bt601"),
             full_range=bool(mp4.full_range),
             prefix=bytes(mp4.prefix),
-            nal_length_size=0 if mp4.codec == "av1" else int(mp4.nal_length_size),
+            nal_length_size=int(mp4.nal_length_size),
             path=path,
             offsets=np.asarray(mp4.offsets, dtype=np.uint64),
             sizes=sizes,
@@ -370,6 +455,7 @@ class Catalog:
             keyframe=np.asarray(mp4.keyframes, dtype=bool),
             display=np.asarray(mp4.display, dtype=np.int64),
             av1_frames=None if deps is None else deps.frames,
+            config=bytes(mp4.config),
         )
 
     def _analyze_av1(self, fd: int, mp4: Any, where: str) -> Av1Deps | None:
@@ -467,3 +553,17 @@ class Catalog:
             source=src.path,
             member=ref.member,
         )
+
+
+def index_layout(path: str) -> tuple[Member, int, int, list[VideoEntry]]:
+    """Where an indexed video shard's index lies: the index member, the absolute offsets of its
+    first frame record and of its KCAV1D table (-1: none), and its header entries."""
+    catalog = Catalog([path], analyze_av1=False)
+    try:
+        src = catalog.sources[0]
+        if src.index_member is None:
+            raise SourceError(f"{path}: no {INDEX_MEMBER} member (not a kohakuclip shard)")
+        entries = [ref.entry for ref in catalog.videos if ref.entry is not None]
+        return src.index_member, src.records_start, src.deps_start, entries
+    finally:
+        catalog.close()

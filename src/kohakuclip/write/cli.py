@@ -7,6 +7,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from kohakuclip.formats import SKIPPED_FILE
+from kohakuclip.write.merge import MergeError
+from kohakuclip.write.parts import OutputNames, Part
 from kohakuclip.write.settings import DEFAULT_CRF, DEFAULT_PRESET, ENCODERS
 from kohakuclip.write.shards import WriteError, write
 
@@ -68,7 +71,26 @@ def parser() -> argparse.ArgumentParser:
         help="frame rate of gulp videos (default: the fps / frame_rate of their meta_data, "
         "else 12); gulp videos are always encoded in process",
     )
-    p.add_argument("--resume", action="store_true", help="continue an earlier run in OUT")
+    p.add_argument("--resume", action="store_true", help="continue an earlier run (or part) in OUT")
+    p.add_argument(
+        "--part",
+        default=None,
+        metavar="I/N",
+        help="write only part I of N (0 <= I < N) of the sorted sources, beside the other "
+        "parts in OUT (Slurm: $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT); then "
+        "`kohakuclip merge OUT`",
+    )
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="run the parts as Ray tasks on $RAY_ADDRESS's cluster (or a local Ray), then merge",
+    )
+    p.add_argument(
+        "--ray-parts",
+        type=int,
+        default=None,
+        help="parts (tasks) for --ray (default: the cluster's CPUs / --workers)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -92,13 +114,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             resume=args.resume,
             progress=not args.quiet,
             gulp_fps=args.gulp_fps,
+            part=args.part,
+            ray=args.ray,
+            ray_parts=args.ray_parts,
         )
-    except (WriteError, FileNotFoundError, ValueError) as e:
+    except (WriteError, MergeError, FileNotFoundError, ImportError, ValueError) as e:
         print(f"kohakuclip-write: error: {e}", file=sys.stderr)
         return 2
+    log = OutputNames(Part.parse(args.part)).skipped if args.part else SKIPPED_FILE
     print(
         f"{result.videos} videos ({result.seconds / 60:.1f} min) in {len(result.shards)} shards, "
-        f"{result.skipped} skipped (see skipped.jsonl), in {result.out}"
+        f"{result.skipped} skipped (see {log}), in {result.out}"
     )
     return 0
 

@@ -35,6 +35,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--backend", choices=("native", "pillow"), default="native")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--part",
+        default=None,
+        metavar="I/N",
+        help="store only part I of N (0 <= I < N) of the sorted images, beside the other parts "
+        "in OUT (Slurm: $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT); then `kohakuclip merge OUT`",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="keep a run (part) that finished earlier in OUT"
+    )
     return p
 
 
@@ -53,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             jpeg_encoder=args.jpeg_encoder,
             backend=args.backend,
             progress=not args.no_progress,
+            part=args.part,
+            resume=args.resume,
         )
     except (SourceError, ValueError) as e:
         print(f"kohakuclip-write-images: {e}", file=sys.stderr)

@@ -5,6 +5,12 @@
 ``per_shard`` images written under a temporary name and renamed when complete, then
 ``manifest.parquet`` (one row per stored image), ``skipped.jsonl`` (one line per image left out,
 with the reason) and ``encoding.json`` (the settings) beside them.
+
+``part="I/N"`` stores only the I-th contiguous block of the images sorted by origin, into files
+named after the part (``write.parts``; its record is ``part-...encoding.json``), so parts run
+on many machines fill one folder; ``kohakuclip merge`` then writes the dataset view. With
+``resume=True`` a run (or part) whose record says it finished is kept as it is; an unfinished
+one is written again from the start (images encode fast: a part is the unit of resumption).
 """
 
 from __future__ import annotations
@@ -22,16 +28,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from kohakuclip.formats import IMAGE_CODECS, INDEX_MEMBER, MANIFEST_FILE
+from kohakuclip.formats import IMAGE_CODECS, INDEX_MEMBER, SKIPPED_FILE
 from kohakuclip.storage.image_index import encode_image_index, image_records
 from kohakuclip.storage.zip import ZipWriter
 from kohakuclip.write.image_codecs import Encoded, check_codec, encode_pixels
 from kohakuclip.write.image_prepare import Backend, ImageSkip, prepare
 from kohakuclip.write.image_sources import SourceImage, iter_sources
+from kohakuclip.write.parts import OutputNames, Part
 
-SKIPPED = "skipped.jsonl"
+SKIPPED = SKIPPED_FILE
 ENCODING = "encoding.json"
-SHARD_PATTERN = "shard_{:05d}.zip"
 _PARTIAL = ".partial"
 
 _MANIFEST_SCHEMA = pa.schema(
@@ -243,8 +249,25 @@ def write_images(
     jpeg_encoder: str = "tuned",
     backend: Backend = "native",
     progress: bool = True,
+    part: Part | str | None = None,
+    resume: bool = False,
 ) -> WriteSummary:
-    """Encode every image of ``sources`` into zip shards in ``out_dir`` (see the module doc)."""
+    """Encode every image of ``sources`` into zip shards in ``out_dir`` (see the module doc).
+
+    Args:
+        out_dir: the output folder.
+        sources: image files, folders (with ``.txt`` / ``.json`` sidecars), tars, zips.
+        quality: encoder quality, 0-100.
+        max_short: cap on the short side (0: none), never upscaled.
+        min_short: images whose short side is smaller are skipped.
+        per_shard: images per shard.
+        workers: encoding threads (default: the CPUs).
+        codec, jpeg_encoder: see ``write.image_codecs``.
+        backend: ``native`` or ``pillow`` decoding and resizing.
+        progress: show a progress bar.
+        part: ``"I/N"`` or a ``Part``: store only part I of N (see the module doc).
+        resume: keep a run (part) that finished earlier instead of writing it again.
+    """
     check_codec(codec, jpeg_encoder)
     if per_shard < 1:
         raise ValueError(f"per_shard must be >= 1, got {per_shard}")
@@ -252,13 +275,22 @@ def write_images(
         raise ValueError(f"unknown backend {backend!r}; one of native, pillow")
     settings = _Settings(codec, quality, max_short, min_short, jpeg_encoder, backend, per_shard)
     workers = workers or os.cpu_count() or 1
+    names = OutputNames(Part.parse(part) if part is not None else None)
     out = os.fspath(out_dir)
     os.makedirs(out, exist_ok=True)
-    summary = WriteSummary(out)
     items = iter_sources(list(sources))
-    manifest_tmp = os.path.join(out, MANIFEST_FILE + _PARTIAL)
+    if names.part is not None:
+        _check_parts(out, names.part, settings)
+        items = iter(names.part.select(list(items), key=lambda item: item.origin))
+    if resume:
+        finished = _finished(out, names)
+        if finished is not None:
+            return finished
+    _clear(out, names)
+    summary = WriteSummary(out)
+    manifest_tmp = os.path.join(out, names.manifest + _PARTIAL)
     manifest = pq.ParquetWriter(manifest_tmp, _MANIFEST_SCHEMA)
-    skipped_tmp = os.path.join(out, SKIPPED + _PARTIAL)
+    skipped_tmp = os.path.join(out, names.skipped + _PARTIAL)
     shard: _ShardWriter | None = None
     rows: list[dict[str, Any]] = []
     try:
@@ -275,9 +307,8 @@ def write_images(
                     summary.skipped += 1
                     continue
                 if shard is None:
-                    shard = _ShardWriter(
-                        os.path.join(out, SHARD_PATTERN.format(len(summary.shards)))
-                    )
+                    name = names.shard(len(summary.shards), "zip")
+                    shard = _ShardWriter(os.path.join(out, name))
                 index = len(shard)
                 member = shard.add(_clean_key(item.key), result)
                 rows.append(_manifest_row(shard.path, index, item, member, result))
@@ -296,12 +327,64 @@ def write_images(
             shard.abort()
         manifest.close()
         raise
-    os.replace(manifest_tmp, os.path.join(out, MANIFEST_FILE))
-    os.replace(skipped_tmp, os.path.join(out, SKIPPED))
-    with open(os.path.join(out, ENCODING), "w", encoding="utf-8") as f:
-        json.dump(_encoding_record(settings, summary), f, indent=2)
+    os.replace(manifest_tmp, os.path.join(out, names.manifest))
+    os.replace(skipped_tmp, os.path.join(out, names.skipped))
+    record = os.path.join(out, names.prefix + ENCODING)
+    with open(record + _PARTIAL, "w", encoding="utf-8") as f:
+        json.dump(_encoding_record(settings, summary, names.part), f, indent=2)
         f.write("\n")
+    os.replace(record + _PARTIAL, record)
     return summary
+
+
+def _check_parts(out: str, part: Part, settings: _Settings) -> None:
+    """Refuse to add a part to a folder where other parts split the job otherwise, or used
+    other settings."""
+    mine = asdict(settings)
+    for name in sorted(os.listdir(out)):
+        if not (name.startswith("part-") and name.endswith("." + ENCODING)):
+            continue
+        with open(os.path.join(out, name), encoding="utf-8") as f:
+            other = json.load(f)
+        if other.get("parts") != part.count:
+            theirs = other.get("parts")
+            raise ValueError(f"{out}: {name} is one of {theirs} parts, not {part.count}")
+        changed = [k for k, v in mine.items() if other.get(k) != v]
+        if changed:
+            raise ValueError(f"{out}: {name} was written with other {', '.join(changed)}")
+
+
+def _finished(out: str, names: OutputNames) -> WriteSummary | None:
+    """The summary of a run (part) whose record says it finished and whose shards are there."""
+    record = os.path.join(out, names.prefix + ENCODING)
+    if not os.path.isfile(record):
+        return None
+    with open(record, encoding="utf-8") as f:
+        done = json.load(f)
+    shards = [os.path.join(out, n) for n in done.get("shards", [])]
+    manifest = os.path.join(out, names.manifest)
+    if not os.path.isfile(manifest) or not all(os.path.isfile(p) for p in shards):
+        return None
+    return WriteSummary(
+        out,
+        shards,
+        int(done.get("images", 0)),
+        int(done.get("skipped", 0)),
+        int(done.get("stored_bytes", 0)),
+        int(done.get("source_bytes", 0)),
+    )
+
+
+def _clear(out: str, names: OutputNames) -> None:
+    """Remove what an earlier, unfinished attempt of this run (part) left."""
+    pattern = names.shard_pattern("zip")
+    for name in os.listdir(out):
+        mine = name.startswith(names.prefix) if names.part is not None else True
+        if mine and (name.endswith(_PARTIAL) or pattern.match(name.removesuffix(_PARTIAL))):
+            os.remove(os.path.join(out, name))
+    record = os.path.join(out, names.prefix + ENCODING)
+    if os.path.isfile(record):
+        os.remove(record)
 
 
 def _manifest_row(
@@ -333,7 +416,9 @@ def _close_shard(
     return shard.path
 
 
-def _encoding_record(settings: _Settings, summary: WriteSummary) -> dict[str, Any]:
+def _encoding_record(
+    settings: _Settings, summary: WriteSummary, part: Part | None
+) -> dict[str, Any]:
     import PIL
     import simplejpeg
 
@@ -353,5 +438,10 @@ def _encoding_record(settings: _Settings, summary: WriteSummary) -> dict[str, An
     }
     record["images"] = summary.images
     record["skipped"] = summary.skipped
+    record["stored_bytes"] = summary.stored_bytes
+    record["source_bytes"] = summary.source_bytes
+    if part is not None:
+        record["part"] = part.index
+        record["parts"] = part.count
     record["shards"] = [os.path.basename(p) for p in summary.shards]
     return record

@@ -13,7 +13,7 @@ import contextlib
 import os
 from collections.abc import Iterable
 from types import TracebackType
-from typing import BinaryIO, Literal
+from typing import BinaryIO, Literal, cast, get_args
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from kohakuclip.formats import (
     FLAG_KEYFRAME,
     FRAME_RECORD,
     INDEX_MEMBER,
+    VideoCodec,
     VideoEntry,
 )
 from kohakuclip.mp4.moov import Mp4Track, parse_mp4_bytes
@@ -98,6 +99,12 @@ class ShardWriter:
             raise PackError(f"{where}: duplicate member name")
         try:
             track = parse_mp4_bytes(mp4, 0, where)
+            if track.codec not in get_args(VideoCodec):
+                indexed = ", ".join(get_args(VideoCodec))
+                raise PackError(
+                    f"{where}: a shard index holds {indexed}, not {track.codec!r} "
+                    "(re-encode it with kohakuclip-write, or read it from a folder)"
+                )
             samples = _sample_views(mp4, track)
             if track.codec == "av1":
                 deps = analyze(samples, track.prefix, where)
@@ -121,7 +128,7 @@ class ShardWriter:
             fps=float(track.fps),
             h=int(track.height),
             w=int(track.width),
-            codec=track.codec,
+            codec=cast(VideoCodec, track.codec),
             prefix=track.prefix.hex(),
             colorspace=track.matrix or ("bt709" if is_hd(track.width, track.height) else "bt601"),
         )

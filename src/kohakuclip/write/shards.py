@@ -8,6 +8,10 @@ captions and labels) and ``skipped.jsonl`` (each source that could not be used, 
 Interruptions are safe: a shard is renamed into place only when complete, and its manifest rows
 are saved right after it. Running again into the same folder with ``resume=True`` keeps the
 finished shards and continues with the videos they do not hold; without it, the run refuses.
+
+``part="I/N"`` writes only part I of N of the job (see ``write.parts``): its own shards, manifest
+and skip log, named after the part, beside the other parts' in the same folder; ``ray=True`` runs
+every part as a Ray task (``write.ray_launcher``) and merges them (``write.merge``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from tqdm import tqdm
 from kohakuclip.formats import MANIFEST_FILE, VideoEntry
 from kohakuclip.write.gulp_videos import encode_gulp_video
 from kohakuclip.write.pack import TEMP_SUFFIX, Container, PackError, ShardWriter
+from kohakuclip.write.parts import OutputNames, Part
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.sources import Source, expand_sources
 from kohakuclip.write.video import EncodedVideo, EncodeError, encode_video
@@ -39,11 +44,9 @@ Backend = Literal["native", "ffmpeg"]
 Encoder = Callable[[str | bytes, EncodeSettings, str], EncodedVideo]
 
 SETTINGS_FILE = "encoding.json"
-SKIPPED_FILE = "skipped.jsonl"
-PARTS_DIR = ".manifest-parts"
+PARTS_DIR = OutputNames().pending
 """Per-shard manifest rows of an unfinished run; merged into manifest.parquet at the end."""
-SHARD_NAME = "shard_{:05d}.{}"
-_SHARD_RE = re.compile(r"^shard_(\d{5,})\.(zip|tar)$")
+_ANY_SHARD_RE = re.compile(r"^(part-\d+-of-\d+\.)?shard_\d{5,}\.(zip|tar)$")
 
 MANIFEST_SCHEMA = pa.schema(
     [
@@ -65,10 +68,11 @@ MANIFEST_SCHEMA = pa.schema(
         ("caption", pa.string()),
         ("label", pa.string()),
         ("meta", pa.string()),  # the JSON sidecar, as JSON text
+        ("prefix", pa.string()),  # hex decoder prefix, as in the index (for the dataset view)
     ]
 )
 
-_RESUME_KEYS = ("settings", "container", "per_shard", "backend", "gulp_fps")
+_RESUME_KEYS = ("settings", "container", "per_shard", "backend", "gulp_fps", "parts")
 
 
 class WriteError(RuntimeError):
@@ -96,8 +100,8 @@ class _Done:
     next_shard: int = 0
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-    temp = path + TEMP_SUFFIX
+def _atomic_write(path: str, data: bytes, temp: str | None = None) -> None:
+    temp = temp or path + TEMP_SUFFIX
     with open(temp, "wb") as f:
         f.write(data)
         f.flush()
@@ -117,7 +121,12 @@ def _read_rows(path: str) -> list[dict[str, Any]]:
 
 
 def _run_config(
-    settings: EncodeSettings, container: str, per_shard: int, backend: str, gulp_fps: float | None
+    settings: EncodeSettings,
+    container: str,
+    per_shard: int,
+    backend: str,
+    gulp_fps: float | None,
+    parts: int | None,
 ) -> dict:
     from kohakuclip import __version__
 
@@ -128,6 +137,7 @@ def _run_config(
         "per_shard": per_shard,
         "backend": backend,
         "gulp_fps": gulp_fps,
+        "parts": parts,
         "encoder": settings.encoder,
         "encoder_options": settings.encoder_options(),
         "kohakuclip": __version__,
@@ -135,56 +145,63 @@ def _run_config(
     }
 
 
-def _prepare(out: str, config: dict, resume: bool) -> _Done:
-    """Check the output folder: new, or an earlier run to resume with the same settings."""
+def _prepare(out: str, config: dict, resume: bool, names: OutputNames) -> _Done:
+    """Check the output folder: new, an earlier run to resume with the same settings, or (for a
+    part) a folder the other parts of the same job write into."""
     os.makedirs(out, exist_ok=True)
     settings_path = os.path.join(out, SETTINGS_FILE)
-    existing = [n for n in os.listdir(out) if _SHARD_RE.match(n) or n == MANIFEST_FILE]
+    listing = os.listdir(out)
+    mine = [n for n in listing if names.owns(n)] + [n for n in listing if n == names.pending]
     if not os.path.exists(settings_path):
-        if existing:
+        if any(_ANY_SHARD_RE.match(n) or n == MANIFEST_FILE for n in listing):
             raise WriteError(f"{out}: holds shards without {SETTINGS_FILE}; choose another folder")
-        _atomic_write(settings_path, json.dumps(config, indent=2).encode())
+        temp = os.path.join(out, f"{names.prefix}{SETTINGS_FILE}{TEMP_SUFFIX}")
+        _atomic_write(settings_path, json.dumps(config, indent=2).encode(), temp)
         return _Done()
-    if not resume:
-        raise WriteError(
-            f"{out}: holds an earlier run; pass resume=True (--resume) to continue it, "
-            "or choose another folder"
-        )
     with open(settings_path, "rb") as f:
         earlier = json.load(f)
     changed = [k for k in _RESUME_KEYS if earlier.get(k) != config[k]]
+    what = "an earlier run" if names.part is None else f"an earlier run of part {names.part}"
+    if (names.part is None or mine) and not resume:
+        raise WriteError(
+            f"{out}: holds {what}; pass resume=True (--resume) to continue it, "
+            "or choose another folder"
+        )
     if changed:
-        raise WriteError(f"{out}: cannot resume with different {', '.join(changed)}")
-    return _load_done(out)
+        verb = "resume" if names.part is None else "write a part"
+        raise WriteError(f"{out}: cannot {verb} with different {', '.join(changed)}")
+    return _load_done(out, names)
 
 
-def _load_done(out: str) -> _Done:
-    """Finished shards (those whose manifest rows were saved), minus leftovers of a crash."""
+def _load_done(out: str, names: OutputNames) -> _Done:
+    """Finished shards (those whose manifest rows were saved), minus leftovers of a crash; only
+    this run's (this part's) files are looked at."""
     done = _Done()
+    shard_re = names.shard_pattern()
     by_shard: dict[str, list[dict[str, Any]]] = {}
-    manifest = os.path.join(out, MANIFEST_FILE)
+    manifest = os.path.join(out, names.manifest)
     if os.path.exists(manifest):
         for row in _read_rows(manifest):
             by_shard.setdefault(row["shard"], []).append(row)
-    parts = os.path.join(out, PARTS_DIR)
+    parts = os.path.join(out, names.pending)
     if os.path.isdir(parts):
         for name in sorted(os.listdir(parts)):
             if name.endswith(".parquet"):
                 by_shard[name[: -len(".parquet")]] = _read_rows(os.path.join(parts, name))
     for name in sorted(os.listdir(out)):
         path = os.path.join(out, name)
-        if name.endswith(TEMP_SUFFIX):
+        if name.endswith(TEMP_SUFFIX) and name.startswith(names.prefix):
             os.remove(path)
-        elif _SHARD_RE.match(name) and name not in by_shard:
+        elif shard_re.match(name) and name not in by_shard:
             os.remove(path)  # complete, but its manifest rows were never saved: redo it
     numbers = [-1]
     for shard, rows in sorted(by_shard.items()):
         if os.path.exists(os.path.join(out, shard)):
             done.rows.extend(rows)
-            match = _SHARD_RE.match(shard)
+            match = shard_re.match(shard)
             numbers.append(int(match.group(1)) if match else -1)
     done.next_shard = max(numbers) + 1
-    skipped = os.path.join(out, SKIPPED_FILE)
+    skipped = os.path.join(out, names.skipped)
     if os.path.exists(skipped):
         with open(skipped, encoding="utf-8") as f:
             done.skipped = {json.loads(line)["source"] for line in f if line.strip()}
@@ -250,8 +267,16 @@ def _in_order(
 class _Run:
     """One ``write`` call's state: the open shard, manifest rows, skip log and progress."""
 
-    def __init__(self, out: str, container: Container, per_shard: int, done: _Done) -> None:
+    def __init__(
+        self,
+        out: str,
+        container: Container,
+        per_shard: int,
+        done: _Done,
+        names: OutputNames,
+    ) -> None:
         self.out = out
+        self.names = names
         self.container = container
         self.per_shard = per_shard
         self.next_shard = done.next_shard
@@ -259,7 +284,7 @@ class _Run:
         self.shard: ShardWriter | None = None
         self.rows: list[dict[str, Any]] = []
         self.result = WriteResult(out, resumed_videos=len(done.rows))
-        self._skipped = open(os.path.join(out, SKIPPED_FILE), "a", encoding="utf-8")
+        self._skipped = open(os.path.join(out, names.skipped), "a", encoding="utf-8")
 
     def skip(self, origin: str, reason: str) -> None:
         self._skipped.write(json.dumps({"source": origin, "reason": reason}, ensure_ascii=False))
@@ -269,7 +294,7 @@ class _Run:
 
     def add(self, source: Source, video: EncodedVideo, labels: dict[str, Any]) -> None:
         if self.shard is None:
-            name = SHARD_NAME.format(self.next_shard, self.container)
+            name = self.names.shard(self.next_shard, self.container)
             self.shard = ShardWriter(os.path.join(self.out, name), self.container)
         member = _member_name(source.name, self.used)
         try:
@@ -304,6 +329,7 @@ class _Run:
             "source_bytes": source.size,
             "codec": entry.codec,
             "colorspace": entry.colorspace,
+            "prefix": entry.prefix,
             **labels,
         }
 
@@ -313,7 +339,7 @@ class _Run:
             return
         self.shard.close()
         name = os.path.basename(self.shard.path)
-        parts = os.path.join(self.out, PARTS_DIR)
+        parts = os.path.join(self.out, self.names.pending)
         os.makedirs(parts, exist_ok=True)
         _write_table(os.path.join(parts, name + ".parquet"), self.rows)
         self.result.shards.append(name)
@@ -329,11 +355,12 @@ class _Run:
         self._skipped.close()
 
 
-def _merge_manifest(out: str) -> None:
-    """manifest.parquet from every finished shard's rows; the parts are then removed."""
-    done = _load_done(out)
-    _write_table(os.path.join(out, MANIFEST_FILE), done.rows)
-    parts = os.path.join(out, PARTS_DIR)
+def _merge_manifest(out: str, names: OutputNames) -> None:
+    """The run's manifest from every finished shard's rows; the per-shard rows are then
+    removed."""
+    done = _load_done(out, names)
+    _write_table(os.path.join(out, names.manifest), done.rows)
+    parts = os.path.join(out, names.pending)
     if os.path.isdir(parts):
         for name in os.listdir(parts):
             os.remove(os.path.join(parts, name))
@@ -357,13 +384,32 @@ def write(
     resume: bool = False,
     progress: bool = True,
     gulp_fps: float | None = None,
+    part: Part | str | None = None,
+    ray: bool = False,
+    ray_parts: int | None = None,
 ) -> WriteResult:
-    """Re-encode ``sources`` (video files, folders, tar archives, gulp directories,
-    ``(name, bytes)`` pairs) into ``out/shard_00000.zip`` ... with ``encoding.json``,
-    ``manifest.parquet`` and ``skipped.jsonl`` beside them. See ``EncodeSettings`` for the
-    encoding options. Gulp videos are encoded from their JPEG frames at ``gulp_fps`` when
-    given, else at the rate their meta_data records, else 12 fps; their meta_data goes into
-    the manifest like a JSON sidecar."""
+    """Re-encode ``sources`` into ``out/shard_00000.zip`` ... with ``encoding.json``,
+    ``manifest.parquet`` and ``skipped.jsonl`` beside them.
+
+    Args:
+        out: the output folder.
+        sources: video files, folders, tar archives, gulp directories, ``(name, bytes)`` pairs
+            or ``Source`` objects.
+        codec, crf, gop, preset, max_short, loop_filters: see ``EncodeSettings``.
+        per_shard: videos per shard.
+        container: ``zip`` (stored) or ``tar``.
+        workers: videos encoded at once (default: the CPUs; with ``ray``: per task, default 1).
+        backend: ``native`` (PyAV in process) or ``ffmpeg`` (the command line).
+        resume: continue an earlier run (or part) in ``out``, keeping its finished shards.
+        progress: show a progress bar of videos.
+        gulp_fps: frame rate of gulp videos (default: their meta_data's, else 12); their
+            meta_data goes into the manifest like a JSON sidecar.
+        part: ``"I/N"`` or a ``Part``: write only the I-th of N contiguous blocks of the sources
+            sorted by origin, into files named after the part (see ``write.parts``).
+        ray: run the job as Ray tasks, one per part, on the cluster ``RAY_ADDRESS`` names (or a
+            local Ray), then ``merge`` them; needs ``kohakuclip[ray]``.
+        ray_parts: parts (tasks) for ``ray`` (default: the cluster's CPUs / ``workers``).
+    """
     out = os.fspath(out)
     settings = EncodeSettings(codec, crf, gop, preset, max_short, loop_filters)  # type: ignore[arg-type]
     if container not in ("zip", "tar"):
@@ -372,43 +418,86 @@ def write(
         raise ValueError(f"per_shard must be at least 1, got {per_shard}")
     if gulp_fps is not None and not gulp_fps > 0:
         raise ValueError(f"gulp_fps must be positive, got {gulp_fps}")
-    encoder = _encoder(backend)
+    _encoder(backend)
     if isinstance(sources, str | os.PathLike):
         sources = [sources]
-    expansion = expand_sources(sources, gulp_fps)
-    config = _run_config(settings, container, per_shard, backend, gulp_fps)
-    done = _prepare(out, config, resume)
-    finished = {row["source"] for row in done.rows} | done.skipped
-    todo = [s for s in expansion.sources if s.origin not in finished]
-    workers = max(1, workers or os.cpu_count() or 1)
-    run = _Run(out, container, per_shard, done)
-    for origin, reason in expansion.unreadable:
-        if origin not in finished:
-            run.skip(origin, reason)
-    bar = tqdm(total=len(todo), unit="video", disable=not progress, dynamic_ncols=True)
-    started = time.perf_counter()
-    try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="kohakuclip-encode") as pool:
-            work = lambda source: _prepare_one(source, settings, encoder)  # noqa: E731
-            try:
-                for source, future in _in_order(pool, todo, work, 2 * workers):
-                    try:
-                        video, labels = future.result()
-                    except (EncodeError, ValueError, OSError, av.error.FFmpegError) as e:
-                        run.skip(source.origin, str(e) or type(e).__name__)
-                    else:
-                        run.add(source, video, labels)
-                    bar.update(1)
-                    seconds = run.result.seconds
-                    rate = seconds / max(time.perf_counter() - started, 1e-9)
-                    bar.set_postfix(video=f"{seconds / 60:.1f} min", speed=f"{rate:.2f}x")
-                run.finish_shard()
-            except BaseException:
-                pool.shutdown(wait=False, cancel_futures=True)
-                run.abort()
-                raise
-    finally:
-        run.close()
-        bar.close()
-    _merge_manifest(out)
-    return run.result
+    job = _Job(settings, container, per_shard, workers, backend, gulp_fps)
+    if ray:
+        if part is not None:
+            raise ValueError("ray runs every part itself: pass part or ray, not both")
+        from kohakuclip.write.ray_launcher import write_on_ray
+
+        return write_on_ray(out, list(sources), job, resume, progress, ray_parts)
+    return job.run(out, sources, Part.parse(part) if part is not None else None, resume, progress)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """The settings of one write job, shared by all of its parts (picklable, for Ray)."""
+
+    settings: EncodeSettings
+    container: Container
+    per_shard: int
+    workers: int | None
+    backend: Backend
+    gulp_fps: float | None
+
+    def config(self, parts: int | None) -> dict:
+        return _run_config(
+            self.settings, self.container, self.per_shard, self.backend, self.gulp_fps, parts
+        )
+
+    def run(
+        self,
+        out: str,
+        sources: Iterable[str | os.PathLike[str] | Source | tuple[str, bytes]],
+        part: Part | None,
+        resume: bool,
+        progress: bool,
+        on_video: Callable[[], None] | None = None,
+    ) -> WriteResult:
+        """Write the whole job (``part`` None) or one part of it."""
+        names = OutputNames(part)
+        settings, encoder = self.settings, _encoder(self.backend)
+        expansion = expand_sources(sources, self.gulp_fps)
+        found, unreadable = expansion.sources, expansion.unreadable
+        if part is not None:
+            found = part.select(found, key=lambda s: s.origin)
+            unreadable = part.select(unreadable, key=lambda u: u[0])
+        done = _prepare(out, self.config(part.count if part else None), resume, names)
+        finished = {row["source"] for row in done.rows} | done.skipped
+        todo = [s for s in found if s.origin not in finished]
+        workers = max(1, self.workers or os.cpu_count() or 1)
+        run = _Run(out, self.container, self.per_shard, done, names)
+        for origin, reason in unreadable:
+            if origin not in finished:
+                run.skip(origin, reason)
+        bar = tqdm(total=len(todo), unit="video", disable=not progress, dynamic_ncols=True)
+        started = time.perf_counter()
+        try:
+            with ThreadPoolExecutor(workers, thread_name_prefix="kohakuclip-encode") as pool:
+                work = lambda source: _prepare_one(source, settings, encoder)  # noqa: E731
+                try:
+                    for source, future in _in_order(pool, todo, work, 2 * workers):
+                        try:
+                            video, labels = future.result()
+                        except (EncodeError, ValueError, OSError, av.error.FFmpegError) as e:
+                            run.skip(source.origin, str(e) or type(e).__name__)
+                        else:
+                            run.add(source, video, labels)
+                        if on_video is not None:
+                            on_video()
+                        bar.update(1)
+                        seconds = run.result.seconds
+                        rate = seconds / max(time.perf_counter() - started, 1e-9)
+                        bar.set_postfix(video=f"{seconds / 60:.1f} min", speed=f"{rate:.2f}x")
+                    run.finish_shard()
+                except BaseException:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    run.abort()
+                    raise
+        finally:
+            run.close()
+            bar.close()
+        _merge_manifest(out, names)
+        return run.result

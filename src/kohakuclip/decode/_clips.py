@@ -1,0 +1,628 @@
+"""A thread's share of a batch, decoded in one compiled call that never takes the GIL.
+
+Python plans each clip (``read.plan``) and flattens the plans into integer tables
+(``ShareTables``); one numba call then reads every planned byte range (``pread``), feeds the
+packets to the decoder (libdav1d for 8-bit 4:2:0 AV1, ``_dav1d``; libavcodec for H.264, HEVC
+and JPEG, ``_avcodec``), writes each wanted picture into its batch slots
+(``_frame.write_frame``) and reports a status per clip. Beside a training thread that keeps
+the GIL busy, a share costs a few GIL hand-offs instead of several per GOP, packet and frame.
+
+Tables (int64):
+
+- ``clips`` [C, CLIP_FIELDS]: descriptor, GOP and target ranges, batch slot, crop and flips,
+  matrix row, prefix range, NAL length size, decoder row.
+- ``gops`` [G, 4]: file offset, length, first and end packet of each read.
+- ``packets`` [P, 3]: first and end piece, display index (the decoder's timestamp).
+- ``pieces`` [Q, 2]: byte ranges inside the read.
+- ``targets`` [T, 3]: display index, first and end row in ``positions`` (output frames).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import llvmlite.binding as llvm
+import numba
+import numpy as np
+from numba import carray, types
+
+from kohakuclip.decode import _avcodec, _dav1d
+from kohakuclip.decode._dav1d import _voidptr
+from kohakuclip.decode._frame import MODES, frame_taps, write_frame
+
+# clip table columns
+FD, GOP_FIRST, GOP_END, TARGET_FIRST, TARGET_END, SLOT = 0, 1, 2, 3, 4, 5
+CROP = 6  # x, y, w, h, hflip, vflip, chroma shift x, y: eight columns (``_frame.write_frame``)
+MATRIX, PREFIX_FIRST, PREFIX_END, NAL_LENGTH_SIZE, DECODER = 14, 15, 16, 17, 18
+CLIP_FIELDS = 19
+
+# per-clip status codes
+OK = 0
+SHORT_READ = 1  # the file ended before the planned bytes (truncated member)
+DECODER_ERROR = 2  # the decoder rejected the data (detail: its error code)
+MISSING_FRAME = 3  # a wanted frame never came out (detail: its display index)
+UNSUPPORTED_FORMAT = 4  # a picture the compiled pixel stage cannot take: retry on PyAV
+WRONG_SIZE = 5  # a picture smaller than the window the crop was planned for
+BAD_SAMPLE = 6  # an H.264 / HEVC sample whose NAL unit lengths run past it
+AVCODEC_ERROR = 7  # as DECODER_ERROR, from libavcodec (detail: its AVERROR)
+
+STAGES = ("read", "decode", "pixels")
+
+
+@cache
+def _load_libc() -> None:
+    """Let compiled code call ``pread`` and ``clock_gettime`` by name."""
+    llvm.load_library_permanently(ctypes.util.find_library("c"))
+
+
+_pread: Any = types.ExternalFunction(
+    "pread", types.intp(types.int32, types.voidptr, types.uintp, types.int64)
+)
+_clock_gettime: Any = types.ExternalFunction(
+    "clock_gettime", types.int32(types.int32, types.voidptr)
+)
+_dav1d_flush: Any = types.ExternalFunction("dav1d_flush", types.void(types.voidptr))
+_THREAD_CPU_CLOCK = 3  # CLOCK_THREAD_CPUTIME_ID (Linux)
+_SHIFTS = np.array([[1, 1], [1, 0], [0, 0], [0, 0]], np.int64)  # per _avcodec format code
+
+
+@numba.njit(inline="always")
+def _now(clock: np.ndarray) -> int:
+    """Thread CPU time in nanoseconds."""
+    _clock_gettime(_THREAD_CPU_CLOCK, _voidptr(clock.ctypes.data))
+    return clock[0] * 1_000_000_000 + clock[1]
+
+
+@numba.njit(inline="always")
+def _read_fully(fd: int, buf: np.ndarray, length: int, offset: int) -> bool:
+    """``length`` bytes at ``offset`` into ``buf``; False when the file ends first."""
+    done = 0
+    while done < length:
+        got = _pread(fd, _voidptr(buf.ctypes.data + done), length - done, offset + done)
+        if got <= 0:
+            return False
+        done += got
+    return True
+
+
+@numba.njit(inline="always")
+def _starts_with_sequence_header(buf: np.ndarray, begin: int, end: int) -> bool:
+    """True when the first OBU (after an optional temporal delimiter) is a sequence header."""
+    pos = begin
+    for _ in range(2):
+        if pos >= end:
+            return False
+        header = buf[pos]
+        obu_type = (header >> 3) & 0xF
+        if obu_type == 1:
+            return True
+        if obu_type != 2:
+            return False
+        pos += 2 + ((header >> 2) & 1)
+    return False
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def _place(
+    clips: np.ndarray,
+    c: int,
+    crop: np.ndarray,
+    taps: Any,
+    display: int,
+    y: np.ndarray,
+    u: np.ndarray,
+    v: np.ndarray,
+    targets: np.ndarray,
+    positions: np.ndarray,
+    written: np.ndarray,
+    matrices: np.ndarray,
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    settings: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """Write a decoded picture into every output frame of clip ``c`` that shows it."""
+    for t in range(clips[c, TARGET_FIRST], clips[c, TARGET_END]):
+        if targets[t, 0] != display or written[t]:
+            continue
+        written[t] = True
+        first = positions[targets[t, 1]]
+        slot = clips[c, SLOT]
+        write_frame(
+            y,
+            u,
+            v,
+            crop,
+            matrices[clips[c, MATRIX]],
+            settings[0],
+            settings[1],
+            settings[2],
+            taps[0],
+            taps[1],
+            scratch,
+            out[slot, first],
+        )
+        for p in range(targets[t, 1] + 1, targets[t, 2]):
+            out[slot, positions[p]] = out[slot, first]
+        return
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def _missing(clips: np.ndarray, c: int, targets: np.ndarray, written: np.ndarray) -> int:
+    """The first wanted display index of clip ``c`` never written, or -1."""
+    for t in range(clips[c, TARGET_FIRST], clips[c, TARGET_END]):
+        if not written[t]:
+            return targets[t, 0]
+    return -1
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def decode_dav1d(
+    context: int,
+    data: np.ndarray,
+    picture: np.ndarray,
+    clips: np.ndarray,
+    gops: np.ndarray,
+    packets: np.ndarray,
+    pieces: np.ndarray,
+    targets: np.ndarray,
+    positions: np.ndarray,
+    prefixes: np.ndarray,
+    matrices: np.ndarray,
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    settings: np.ndarray,
+    buf: np.ndarray,
+    out: np.ndarray,
+    status: np.ndarray,
+    seconds: np.ndarray,
+) -> None:
+    """Decode every clip of the share with libdav1d (``context``); see the module docstring.
+
+    ``settings``: [mode, size, window]; ``out``: the batch as uint8 [N, T, frame bytes];
+    ``status`` [C, 3]: code, detail, pictures produced; ``seconds`` [3]: read, decode, pixels
+    thread CPU nanoseconds (added to).
+    """
+    ctx = _voidptr(context)
+    data_ptr = _voidptr(data.ctypes.data)
+    picture_ptr = _voidptr(picture.ctypes.data)
+    data_words = data.view(np.int64)
+    words = picture.view(np.int64)
+    sizes = picture.view(np.int32)
+    written = np.zeros(len(targets), np.bool_)
+    clock = np.zeros(2, np.int64)
+    for c in range(len(clips)):
+        code, detail, produced = OK, 0, 0
+        crop = clips[c, CROP : CROP + 8].copy()
+        taps = frame_taps(crop, settings[0], settings[1])
+        width, height = crop[0] + crop[2], crop[1] + crop[3]
+        for g in range(clips[c, GOP_FIRST], clips[c, GOP_END]):
+            start = _now(clock)
+            if not _read_fully(clips[c, FD], buf, gops[g, 1], gops[g, 0]):
+                code = SHORT_READ
+                break
+            mark = _now(clock)
+            seconds[0] += mark - start
+            in_pixels = 0
+            for k in range(gops[g, 2], gops[g, 3]):
+                first_piece, end_piece = packets[k, 0], packets[k, 1]
+                lead = 0
+                if k == gops[g, 2] and not _starts_with_sequence_header(
+                    buf, pieces[first_piece, 0], pieces[first_piece, 1]
+                ):
+                    lead = clips[c, PREFIX_END] - clips[c, PREFIX_FIRST]
+                size = lead
+                for q in range(first_piece, end_piece):
+                    size += pieces[q, 1] - pieces[q, 0]
+                _dav1d._create(data_ptr, size)
+                if data_words[_dav1d._DATA_POINTER] == 0:
+                    code, detail = DECODER_ERROR, _dav1d._ENOMEM
+                    break
+                packet = carray(_voidptr(data_words[_dav1d._DATA_POINTER]), (size,), np.uint8)
+                packet[:lead] = prefixes[clips[c, PREFIX_FIRST] : clips[c, PREFIX_FIRST] + lead]
+                at = lead
+                for q in range(first_piece, end_piece):
+                    n = pieces[q, 1] - pieces[q, 0]
+                    packet[at : at + n] = buf[pieces[q, 0] : pieces[q, 1]]
+                    at += n
+                data_words[_dav1d._DATA_TIMESTAMP] = packets[k, 2]
+                while code == OK:
+                    sent = _dav1d._send(ctx, data_ptr)
+                    if sent < 0 and sent != _dav1d._EAGAIN:
+                        _dav1d._data_unref(data_ptr)
+                        code, detail = DECODER_ERROR, sent
+                        break
+                    while True:
+                        got = _dav1d._get(ctx, picture_ptr)
+                        if got == _dav1d._EAGAIN:
+                            break
+                        if got < 0:
+                            if data_words[_dav1d._DATA_SIZE] > 0:
+                                _dav1d._data_unref(data_ptr)
+                            code, detail = DECODER_ERROR, got
+                            break
+                        produced += 1
+                        pw, ph = sizes[_dav1d._PICTURE_SIZE], sizes[_dav1d._PICTURE_SIZE + 1]
+                        if pw < width or ph < height:
+                            code, detail = WRONG_SIZE, pw * 65536 + ph
+                        else:
+                            p0 = _now(clock)
+                            _, y, u, v = _dav1d._picture(picture.reshape((1, -1)), 0)
+                            display = words[_dav1d._PICTURE_TIMESTAMP]
+                            _place(
+                                clips, c, crop, taps, display, y, u, v, targets, positions,
+                                written, matrices, scratch, settings, out,
+                            )  # fmt: skip
+                            in_pixels += _now(clock) - p0
+                        _dav1d._picture_unref(picture_ptr)
+                        if code != OK:
+                            break
+                    if code != OK or data_words[_dav1d._DATA_SIZE] == 0:
+                        break
+                if code != OK:
+                    break
+            seconds[1] += _now(clock) - mark - in_pixels
+            seconds[2] += in_pixels
+            if code != OK:
+                break
+        _dav1d_flush(ctx)
+        if code == OK:
+            missing = _missing(clips, c, targets, written)
+            if missing >= 0:
+                code, detail = MISSING_FRAME, missing
+        status[c, 0], status[c, 1], status[c, 2] = code, detail, produced
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def _plane(picture: np.ndarray, field: int, rows: int) -> np.ndarray:
+    """The plane whose address is ``picture[field]`` (its stride next), over whole rows."""
+    return carray(_voidptr(picture[field]), (rows, picture[field + 1]), np.uint8)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def _take_frames(
+    handle: np.ndarray,
+    picture: np.ndarray,
+    clips: np.ndarray,
+    c: int,
+    crop: np.ndarray,
+    taps: Any,
+    targets: np.ndarray,
+    positions: np.ndarray,
+    written: np.ndarray,
+    matrices: np.ndarray,
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    settings: np.ndarray,
+    neutral: np.ndarray,
+    out: np.ndarray,
+    counts: np.ndarray,
+) -> tuple[int, int, int, Any]:
+    """Receive every frame the decoder has ready and place the wanted ones.
+
+    Returns (receive status: AGAIN, END or an error; our code, its detail, the taps in use:
+    they follow the pictures' chroma subsampling). ``counts``: [produced, pixel ns]."""
+    clock = np.zeros(2, np.int64)
+    while True:
+        got = _avcodec.receive_frame(handle, picture)
+        if got != _avcodec.OK:
+            return got, OK, 0, taps
+        counts[0] += 1
+        fmt = picture[_avcodec.FORMAT]
+        pw, ph = picture[_avcodec.WIDTH], picture[_avcodec.HEIGHT]
+        if fmt < 0 or (fmt == _avcodec.GRAY and (neutral.shape[0] < ph or neutral.shape[1] < pw)):
+            _avcodec.unref_frame(handle)
+            return got, UNSUPPORTED_FORMAT, fmt, taps
+        if pw < crop[0] + crop[2] or ph < crop[1] + crop[3]:
+            _avcodec.unref_frame(handle)
+            return got, WRONG_SIZE, pw * 65536 + ph, taps
+        start = _now(clock)
+        y = _plane(picture, _avcodec.Y_ADDRESS, ph)
+        if fmt == _avcodec.GRAY:
+            u = v = neutral
+            sx, sy = 0, 0
+        else:
+            sx, sy = _SHIFTS[fmt, 0], _SHIFTS[fmt, 1]
+            u = _plane(picture, _avcodec.U_ADDRESS, (ph + sy) >> sy)
+            v = _plane(picture, _avcodec.V_ADDRESS, (ph + sy) >> sy)
+        if crop[6] != sx or crop[7] != sy:
+            crop[6], crop[7] = sx, sy
+            taps = frame_taps(crop, settings[0], settings[1])
+        display = picture[_avcodec.PTS]
+        _place(
+            clips, c, crop, taps, display, y, u, v, targets, positions, written, matrices,
+            scratch, settings, out,
+        )  # fmt: skip
+        _avcodec.unref_frame(handle)
+        counts[1] += _now(clock) - start
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def decode_avcodec(
+    handles: np.ndarray,
+    picture: np.ndarray,
+    clips: np.ndarray,
+    gops: np.ndarray,
+    packets: np.ndarray,
+    pieces: np.ndarray,
+    targets: np.ndarray,
+    positions: np.ndarray,
+    prefixes: np.ndarray,
+    matrices: np.ndarray,
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    settings: np.ndarray,
+    buf: np.ndarray,
+    packet: np.ndarray,
+    neutral: np.ndarray,
+    out: np.ndarray,
+    status: np.ndarray,
+    seconds: np.ndarray,
+) -> None:
+    """Decode every clip of the share with libavcodec: ``handles`` [D, 3], one decoder per row
+    (clip column ``DECODER``); samples with a NAL length size become Annex B (the prefix, the
+    parameter sets, in front of each GOP), others are sent as they are (JPEG). ``packet``: a
+    scratch buffer of at least twice the longest read; ``neutral``: a 128-filled plane for
+    gray pictures. The rest as ``decode_dav1d``."""
+    written = np.zeros(len(targets), np.bool_)
+    clock = np.zeros(2, np.int64)
+    counts = np.zeros(2, np.int64)
+    for c in range(len(clips)):
+        code, detail = OK, 0
+        counts[:] = 0
+        handle = handles[clips[c, DECODER]]
+        crop = clips[c, CROP : CROP + 8].copy()
+        taps = frame_taps(crop, settings[0], settings[1])
+        length_size = clips[c, NAL_LENGTH_SIZE]
+        decode_ns = 0
+        for g in range(clips[c, GOP_FIRST], clips[c, GOP_END]):
+            start = _now(clock)
+            if not _read_fully(clips[c, FD], buf, gops[g, 1], gops[g, 0]):
+                code = SHORT_READ
+                break
+            mark = _now(clock)
+            seconds[0] += mark - start
+            for k in range(gops[g, 2], gops[g, 3]):
+                at = 0
+                if k == gops[g, 2]:
+                    at = clips[c, PREFIX_END] - clips[c, PREFIX_FIRST]
+                    packet[:at] = prefixes[clips[c, PREFIX_FIRST] : clips[c, PREFIX_END]]
+                for q in range(packets[k, 0], packets[k, 1]):
+                    a, b = pieces[q, 0], pieces[q, 1]
+                    if length_size:
+                        n = _avcodec.annexb(buf.ctypes.data + a, b - a, length_size, packet[at:])
+                        if n < 0:
+                            code, detail = BAD_SAMPLE, packets[k, 2]
+                            break
+                    else:
+                        n = b - a
+                        packet[at : at + n] = buf[a:b]
+                    at += n
+                if code != OK:
+                    break
+                while True:
+                    sent = _avcodec.send_packet(handle, packet.ctypes.data, at, packets[k, 2])
+                    got, code, detail, taps = _take_frames(
+                        handle, picture, clips, c, crop, taps, targets, positions, written,
+                        matrices, scratch, settings, neutral, out, counts,
+                    )  # fmt: skip
+                    if code == OK and got < 0:
+                        code, detail = AVCODEC_ERROR, got
+                    if code != OK or sent != _avcodec.AGAIN:
+                        break
+                if code == OK and sent < 0:
+                    code, detail = AVCODEC_ERROR, sent
+                if code != OK:
+                    break
+            decode_ns += _now(clock) - mark
+            if code != OK:
+                break
+        if code == OK:
+            mark = _now(clock)
+            _avcodec.send_packet(handle, 0, 0, 0)
+            got, code, detail, taps = _take_frames(
+                handle, picture, clips, c, crop, taps, targets, positions, written, matrices,
+                scratch, settings, neutral, out, counts,
+            )  # fmt: skip
+            if code == OK and got < 0:
+                code, detail = AVCODEC_ERROR, got
+            decode_ns += _now(clock) - mark
+        _avcodec.flush(handle)
+        seconds[1] += decode_ns - counts[1]
+        seconds[2] += counts[1]
+        if code == OK:
+            missing = _missing(clips, c, targets, written)
+            if missing >= 0:
+                code, detail = MISSING_FRAME, missing
+        status[c, 0], status[c, 1], status[c, 2] = code, detail, counts[0]
+
+
+@dataclass
+class ShareTables:
+    """A share's clips as the integer tables the compiled drivers read (module docstring)."""
+
+    mode: str
+    size: int
+    window: int
+    clips: list[list[int]] = field(default_factory=list)
+    gops: list[tuple[int, int, int, int]] = field(default_factory=list)
+    packets: list[tuple[int, int, int]] = field(default_factory=list)
+    pieces: list[tuple[int, int]] = field(default_factory=list)
+    targets: list[tuple[int, int, int]] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    prefixes: list[bytes] = field(default_factory=list)
+    matrices: list[np.ndarray] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    longest_read: int = 0
+    longest: int = 0  # the longest side of any crop window: rows of the resize scratch
+    gray: tuple[int, int] = (1, 1)  # (height, width) a neutral chroma plane must cover
+    _matrix_rows: dict[bytes, int] = field(default_factory=dict)
+    _prefix_rows: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+    _prefix_bytes: int = 0
+
+    def __len__(self) -> int:
+        return len(self.clips)
+
+    def add(
+        self,
+        slot: int,
+        fd: int,
+        plan: Any,
+        crop: tuple[int, int, int, int],
+        flips: tuple[bool, bool],
+        matrix: np.ndarray,
+        prefix: bytes = b"",
+        nal_length_size: int = 0,
+        decoder: int = 0,
+    ) -> None:
+        """Append one planned clip (``plan``: a ``read.plan.ClipPlan``) bound for batch
+        ``slot``; ``crop`` in the decoded picture's pixels; ``decoder``: the row of the
+        driver's decoder table that takes it."""
+        row = [0] * CLIP_FIELDS
+        row[FD], row[SLOT] = fd, slot
+        row[CROP : CROP + 8] = [*crop, int(flips[0]), int(flips[1]), 1, 1]
+        row[MATRIX] = self._matrix_row(matrix)
+        row[PREFIX_FIRST], row[PREFIX_END] = self._prefix_row(prefix)
+        row[NAL_LENGTH_SIZE], row[DECODER] = nal_length_size, decoder
+        row[GOP_FIRST] = len(self.gops)
+        for gop in plan.reads:
+            first_packet = len(self.packets)
+            for piece_list, display in gop.packets:
+                self.packets.append((len(self.pieces), len(self.pieces) + len(piece_list), display))
+                self.pieces.extend(piece_list)
+            self.gops.append((gop.offset, gop.length, first_packet, len(self.packets)))
+            self.longest_read = max(self.longest_read, gop.length + len(prefix))
+        row[GOP_END] = len(self.gops)
+        row[TARGET_FIRST] = len(self.targets)
+        for display, where in plan.targets.items():
+            self.targets.append((display, len(self.positions), len(self.positions) + len(where)))
+            self.positions.extend(where)
+        row[TARGET_END] = len(self.targets)
+        self.longest = max(self.longest, crop[2], crop[3])
+        self.clips.append(row)
+        self.slots.append(slot)
+
+    def _matrix_row(self, matrix: np.ndarray) -> int:
+        key = matrix.tobytes()
+        if key not in self._matrix_rows:
+            self._matrix_rows[key] = len(self.matrices)
+            self.matrices.append(matrix)
+        return self._matrix_rows[key]
+
+    def _prefix_row(self, prefix: bytes) -> tuple[int, int]:
+        if prefix not in self._prefix_rows:
+            self._prefix_rows[prefix] = (self._prefix_bytes, self._prefix_bytes + len(prefix))
+            self.prefixes.append(prefix)
+            self._prefix_bytes += len(prefix)
+        return self._prefix_rows[prefix]
+
+    def arrays(self) -> dict[str, Any]:
+        """The tables as arrays, and per-share scratch buffers."""
+        s = self.size
+        return {
+            "clips": np.array(self.clips, np.int64).reshape(-1, CLIP_FIELDS),
+            "gops": np.array(self.gops, np.int64).reshape(-1, 4),
+            "packets": np.array(self.packets, np.int64).reshape(-1, 3),
+            "pieces": np.array(self.pieces, np.int64).reshape(-1, 2),
+            "targets": np.array(self.targets, np.int64).reshape(-1, 3),
+            "positions": np.array(self.positions, np.int64),
+            "prefixes": np.frombuffer(b"".join(self.prefixes) or b"\0", np.uint8),
+            "matrices": np.array(self.matrices, np.float32).reshape(-1, 3, 4),
+            "scratch": (
+                np.empty((max(self.longest, 2), max(s, self.window)), np.uint8),
+                np.empty((s, s), np.uint8),
+                np.empty((s, s), np.uint8),
+                np.empty((s, s), np.uint8),
+            ),
+            "settings": np.array([MODES.index(self.mode), s, self.window], np.int64),
+        }
+
+
+class _Driver:
+    """A read buffer that grows to the longest read, and thread CPU time per stage."""
+
+    def __init__(self) -> None:
+        _load_libc()
+        self.buf = np.zeros(1 << 20, np.uint8)
+        self.seconds = np.zeros(len(STAGES), np.int64)
+
+    def _room(self, tables: ShareTables) -> None:
+        if len(self.buf) < tables.longest_read:
+            self.buf = np.zeros(max(tables.longest_read, 2 * len(self.buf)), np.uint8)
+
+
+class Dav1dClips(_Driver):
+    """One thread's libdav1d context, decoding whole shares."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        lib = _dav1d.library()
+        if lib is None:
+            raise RuntimeError("libdav1d not found")
+        self._decoder = _dav1d.Dav1dDecoder(lib)
+
+    def run(self, tables: ShareTables, out: np.ndarray) -> np.ndarray:
+        """Decode the share into ``out`` (the batch as uint8 [N, T, frame bytes]; images:
+        T = 1); returns the status table [C, 3] (code, detail, pictures produced)."""
+        self._room(tables)
+        a = tables.arrays()
+        status = np.zeros((len(tables), 3), np.int64)
+        decoder = self._decoder
+        decode_dav1d(
+            decoder._handle, decoder._data, decoder._picture, a["clips"], a["gops"],
+            a["packets"], a["pieces"], a["targets"], a["positions"], a["prefixes"],
+            a["matrices"], a["scratch"], a["settings"], self.buf, out, status,
+            self.seconds,
+        )  # fmt: skip
+        return status
+
+
+class AvcodecClips(_Driver):
+    """One thread's libavcodec decoders (one per entry of ``codecs``: (codec, lowres)),
+    decoding whole shares."""
+
+    def __init__(self, codecs: list[tuple[_avcodec.Codec, int]]) -> None:
+        super().__init__()
+        self.codecs = codecs
+        self._decoders = [_avcodec.AvcodecDecoder(codec, lowres) for codec, lowres in codecs]
+        self._handles = np.stack([d.handle for d in self._decoders])
+        self._picture = np.zeros(_avcodec.PICTURE_FIELDS, np.int64)
+        self._packet = np.zeros(2 << 20, np.uint8)
+        self._neutral = np.full((1, 1), 128, np.uint8)
+
+    def run(self, tables: ShareTables, out: np.ndarray) -> np.ndarray:
+        """As ``Dav1dClips.run``."""
+        self._room(tables)
+        if len(self._packet) < 2 * tables.longest_read + 64:
+            self._packet = np.zeros(2 * len(self.buf) + 64, np.uint8)
+        h, w = tables.gray
+        if self._neutral.shape[0] < h or self._neutral.shape[1] < w:
+            self._neutral = np.full((h, w), 128, np.uint8)
+        a = tables.arrays()
+        status = np.zeros((len(tables), 3), np.int64)
+        decode_avcodec(
+            self._handles, self._picture, a["clips"], a["gops"], a["packets"], a["pieces"],
+            a["targets"], a["positions"], a["prefixes"], a["matrices"], a["scratch"],
+            a["settings"], self.buf, self._packet, self._neutral, out, status,
+            self.seconds,
+        )  # fmt: skip
+        return status
+
+
+def describe(code: int, detail: int) -> str:
+    """A status as words for an error message."""
+    if code == SHORT_READ:
+        return "short read: the file ends before the planned bytes"
+    if code == DECODER_ERROR:
+        return f"libdav1d error {detail}"
+    if code == AVCODEC_ERROR:
+        return f"libavcodec: {_avcodec.error_text(detail)}"
+    if code == MISSING_FRAME:
+        return f"decoder produced no frame for display index {detail}"
+    if code == UNSUPPORTED_FORMAT:
+        return f"unsupported picture format {detail}"
+    if code == WRONG_SIZE:
+        return f"picture of {detail >> 16}x{detail & 0xFFFF} smaller than the crop window"
+    if code == BAD_SAMPLE:
+        return f"sample of display index {detail}: NAL unit lengths run past the sample"
+    return "ok"

@@ -1,0 +1,125 @@
+"""One decoded 8-bit 4:2:0 frame into one output frame, in compiled code (numba, no GIL).
+
+The same function serves the compiled clip drivers (``_clips``) and the PyAV path
+(``pixels.PixelWriter``), so both give the same bytes: crop window, antialiased resize
+(``_resize``), colour conversion (``_planar_rgb``) and flips, straight into the batch. Flips
+cost nothing: the resize and the conversion store their rows and columns mirrored. A luma
+window of exactly twice the output (the filter's 2x2 box) is averaged inside the conversion.
+
+Modes (``MODES``): ``rgb`` planar [3, S, S]; ``yuv_resized`` packed 4:2:0 at S (chroma at
+ceil(S/2)); ``yuv`` the stored-resolution window packed 4:2:0 in a ``window`` square, unflipped.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from kohakuclip.decode._planar_rgb import planar_rgb, planar_rgb_box2
+from kohakuclip.decode._resize import resize_window, taps
+
+MODES = ("rgb", "yuv_resized", "yuv")
+RGB, YUV_RESIZED, YUV = 0, 1, 2
+
+
+@numba.njit(inline="always")
+def _packed_planes(dst: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Y (side x side) and U, V (ceil(side/2) squared) views of a packed 4:2:0 frame."""
+    c = (side + 1) // 2
+    y = dst[: side * side].reshape((side, side))
+    u = dst[side * side : side * side + c * c].reshape((c, c))
+    v = dst[side * side + c * c : side * side + 2 * c * c].reshape((c, c))
+    return y, u, v
+
+
+Taps = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+@numba.njit(nogil=True, cache=True)
+def frame_taps(crop: np.ndarray, mode: int, size: int) -> tuple[Taps, Taps]:
+    """Resize weights of the luma window to the output and of the chroma window to its output
+    (see ``write_frame``), from the crop row [x, y, w, h, hflip, vflip, shift x, shift y]."""
+    x0, y0, w, h, sx, sy = crop[0], crop[1], crop[2], crop[3], crop[6], crop[7]
+    cw = ((x0 + w + (1 << sx) - 1) >> sx) - (x0 >> sx)
+    ch = ((y0 + h + (1 << sy) - 1) >> sy) - (y0 >> sy)
+    if mode == RGB:
+        ow, oh = size, size
+    elif mode == YUV_RESIZED:
+        ow, oh = (size + 1) // 2, (size + 1) // 2
+    else:
+        ow, oh = (w + 1) // 2, (h + 1) // 2
+    return (*taps(w, size), *taps(h, size)), (*taps(cw, ow), *taps(ch, oh))
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def write_frame(
+    y: np.ndarray,
+    u: np.ndarray,
+    v: np.ndarray,
+    crop: np.ndarray,
+    matrix: np.ndarray,
+    mode: int,
+    size: int,
+    window: int,
+    taps: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    chroma_taps: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    dst: np.ndarray,
+) -> None:
+    """Write one output frame into the flat uint8 ``dst``.
+
+    ``y``, ``u``, ``v``: whole decoded planes (rows may be padded); ``crop``: int64 [x, y, w, h,
+    hflip, vflip, chroma shift x, chroma shift y] in luma pixels (1, 1 for 4:2:0; x, y even
+    there); ``matrix``: float32 3x4 (rgb mode); ``taps`` / ``chroma_taps``: (h starts,
+    h weights, v starts, v weights) of the luma window to the output and of the chroma window
+    to ``chroma_output``; ``scratch``: (tmp [longest window side, max(S, window)], y, u, v
+    [S, S]) uint8 buffers of the caller (tmp: ``_resize.tmp_shape`` of every resize here).
+    """
+    x0, y0, w, h = crop[0], crop[1], crop[2], crop[3]
+    hflip, vflip = crop[4] != 0, crop[5] != 0
+    sx, sy = crop[6], crop[7]
+    cx, cy = x0 >> sx, y0 >> sy
+    cw = ((x0 + w + (1 << sx) - 1) >> sx) - cx
+    ch = ((y0 + h + (1 << sy) - 1) >> sy) - cy
+    luma = y[y0 : y0 + h, x0 : x0 + w]
+    cb = u[cy : cy + ch, cx : cx + cw]
+    cr = v[cy : cy + ch, cx : cx + cw]
+    tmp, ybuf, ubuf, vbuf = scratch
+    t = chroma_taps
+    s = size
+    if mode == RGB:
+        out = dst.reshape((3, s, s))
+        if cw == s and ch == s:
+            plane_u, plane_v, row_c, col_c = u, v, cy, cx
+        else:
+            resize_window(cb, t[0], t[1], t[2], t[3], tmp[:cw, :s], ubuf, False, False)
+            resize_window(cr, t[0], t[1], t[2], t[3], tmp[:cw, :s], vbuf, False, False)
+            plane_u, plane_v, row_c, col_c = ubuf, vbuf, 0, 0
+        if w == 2 * s and h == 2 * s and x0 % 2 == 0 and y.shape[1] % 2 == 0:
+            y16 = y.view(np.uint16)  # pixel pairs, so the box's loads stay contiguous
+            planar_rgb_box2(
+                y16, y0, x0 // 2, plane_u, plane_v, row_c, col_c, matrix, vflip, hflip, out
+            )
+            return
+        if w == s and h == s:
+            plane_y, row_y, col_y = y, y0, x0
+        else:
+            resize_window(luma, taps[0], taps[1], taps[2], taps[3], tmp[:w, :s], ybuf, False, False)
+            plane_y, row_y, col_y = ybuf, 0, 0
+        planar_rgb(plane_y, row_y, col_y, plane_u, plane_v, row_c, col_c, matrix, vflip, hflip, out)
+    elif mode == YUV_RESIZED:
+        out_y, out_u, out_v = _packed_planes(dst, s)
+        sc = out_u.shape[0]
+        resize_window(luma, taps[0], taps[1], taps[2], taps[3], tmp[:w, :s], out_y, hflip, vflip)
+        resize_window(cb, t[0], t[1], t[2], t[3], tmp[:cw, :sc], out_u, hflip, vflip)
+        resize_window(cr, t[0], t[1], t[2], t[3], tmp[:cw, :sc], out_v, hflip, vflip)
+    else:
+        out_y, out_u, out_v = _packed_planes(dst, window)
+        out_y[:h, :w] = luma
+        if sx == 1 and sy == 1:
+            out_u[:ch, :cw] = cb
+            out_v[:ch, :cw] = cr
+        else:  # 4:2:2, 4:4:4 (JPEG) stored as 4:2:0
+            oh, ow = (h + 1) // 2, (w + 1) // 2
+            resize_window(cb, t[0], t[1], t[2], t[3], tmp[:cw, :oh], out_u[:oh, :ow], False, False)
+            resize_window(cr, t[0], t[1], t[2], t[3], tmp[:cw, :oh], out_v[:oh, :ow], False, False)

@@ -1,0 +1,127 @@
+"""``kohakuclip-write-images --part I/N``: parts merged equal a single run, re-runs give the same
+bytes, ``--resume`` keeps a finished part, and ImageReader over the dataset view equals the
+listed shards."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from image_media import encode, photo
+from PIL import Image
+
+from kohakuclip import ImageReader, Reader
+from kohakuclip import cli as kohakuclip_cli
+from kohakuclip.storage.catalog import SourceError
+from kohakuclip.write import image_cli
+from kohakuclip.write.images import write_images
+from kohakuclip.write.merge import merge
+
+FAST = {"max_short": 64, "min_short": 32, "per_shard": 2, "workers": 1, "progress": False}
+
+
+def _stored(out: Path) -> dict[str, bytes]:
+    """source -> stored image bytes, from the folder's manifest and shards."""
+    found = {}
+    for row in pq.read_table(out / "manifest.parquet").to_pylist():
+        with zipfile.ZipFile(out / row["shard"]) as z:
+            found[row["source"]] = z.read(row["member"])
+    return found
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    """Five small photos (one with a caption) and one too small to store."""
+    root = tmp_path_factory.mktemp("images")
+    for i in range(5):
+        data = encode(Image.fromarray(photo(48 + 8 * i, 80, seed=i)), "JPEG", quality=90)
+        (root / f"p{i}.jpg").write_bytes(data)
+    (root / "p2.txt").write_text("the third photo")
+    (root / "tiny.png").write_bytes(encode(Image.fromarray(photo(16, 16, seed=9)), "PNG"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def single(images, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("single")
+    summary = write_images(out, [images], **FAST)
+    assert (summary.images, summary.skipped) == (5, 1)
+    merge(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def parts(images, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("parts")
+    for i in range(2):
+        args = [str(out), str(images), "--part", f"{i}/2", "--max-short", "64"]
+        args += ["--min-short", "32", "--per-shard", "2", "--workers", "1", "--no-progress"]
+        assert image_cli.main(args) == 0
+    assert kohakuclip_cli.main(["merge", str(out)]) == 0
+    return out
+
+
+def test_image_parts_merged_equal_a_single_run(single, parts, images) -> None:
+    assert _stored(parts) == _stored(single)
+    for tag in ("part-00000-of-00002", "part-00001-of-00002"):
+        for name in ("manifest.parquet", "skipped.jsonl", "encoding.json"):
+            assert (parts / f"{tag}.{name}").is_file()
+    skipped = [json.loads(line) for line in (parts / "skipped.jsonl").read_text().splitlines()]
+    assert [(s["source"], s["reason"]) for s in skipped] == [
+        (str(images / "tiny.png"), "too small")
+    ]
+    view = json.loads((parts / "dataset.json").read_text())
+    assert view["kind"] == "image" and view["count"] == 5
+
+
+def test_image_part_rerun_is_byte_identical_and_resume_keeps_it(parts, images, tmp_path) -> None:
+    summary = write_images(tmp_path, [images], part="1/2", **FAST)
+    names = sorted(p.name for p in parts.glob("part-00001-of-00002.shard_*.zip"))
+    assert [Path(p).name for p in summary.shards] == names
+    for name in names:
+        assert (tmp_path / name).read_bytes() == (parts / name).read_bytes()
+    stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    again = write_images(tmp_path, [images], part="1/2", resume=True, **FAST)
+    assert (again.images, again.skipped, again.shards) == (2, 1, summary.shards)
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == stamps
+    (tmp_path / "part-00001-of-00002.encoding.json").unlink()  # unfinished: written again
+    (tmp_path / names[0]).write_bytes(b"half a shard")
+    write_images(tmp_path, [images], part="1/2", resume=True, **FAST)
+    assert (tmp_path / names[0]).read_bytes() == (parts / names[0]).read_bytes()
+    with pytest.raises(ValueError, match="parts"):
+        write_images(tmp_path, [images], part="0/3", **FAST)
+
+
+def test_image_reader_over_the_view_equals_the_listed_shards(parts, single) -> None:
+    shards = sorted(str(p) for p in parts.glob("part-*.shard_*.zip"))
+    with (
+        ImageReader(parts, size=32, crop="center") as view,
+        ImageReader(shards, size=32, crop="center") as listed,
+        ImageReader(single, size=32, crop="center") as whole,
+    ):
+        assert len(view) == len(listed) == len(whole) == 5
+        for i in range(5):
+            a, b = view.info(i), listed.info(i)
+            assert (a.member, a.width, a.height, a.size, a.source) == (
+                b.member, b.width, b.height, b.size, b.source
+            )  # fmt: skip
+            assert a.meta == b.meta
+        ids = list(range(5))
+        assert np.array_equal(view.read(ids, seed=0).video, listed.read(ids, seed=0).video)
+        assert np.array_equal(view.read(ids, seed=0).video, whole.read(ids, seed=0).video)
+        assert view.info(2).meta.get("caption") == "the third photo"
+
+
+def test_a_video_reader_refuses_an_image_view_and_a_bad_view_is_named(parts, tmp_path) -> None:
+    with pytest.raises(SourceError, match="dataset view of images"):
+        Reader(parts)
+    copy = tmp_path / "copy"
+    shutil.copytree(parts, copy)
+    (copy / "dataset.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"dataset\.json"):
+        ImageReader(copy)
