@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 
@@ -39,9 +40,10 @@ def open_fds() -> int:
 
 
 def track(name: str, steps: int, step: Callable[[int], None], warmup: int) -> dict:
-    """Run ``step`` ``steps`` times; memory and descriptors before, after warm-up and after."""
+    """Run ``step`` ``steps`` times; memory, descriptors and threads before, after warm-up and
+    after."""
     gc.collect()
-    start, fds0 = anon_kb(), open_fds()
+    start, fds0, threads0 = anon_kb(), open_fds(), threading.active_count()
     samples = []
     t0 = time.perf_counter()
     for i in range(steps):
@@ -52,7 +54,7 @@ def track(name: str, steps: int, step: Callable[[int], None], warmup: int) -> di
         if i + 1 >= warmup and (i + 1 - warmup) % max(1, (steps - warmup) // 50) == 0:
             samples.append((i + 1, anon_kb()))
     gc.collect()
-    end, fds1 = anon_kb(), open_fds()
+    end, fds1, threads1 = anon_kb(), open_fds(), threading.active_count()
     xs, ys = np.array(samples, dtype=float).T if len(samples) > 1 else (np.zeros(2), np.zeros(2))
     slope = float(np.polyfit(xs, ys, 1)[0]) if len(samples) > 1 else 0.0
     return dict(
@@ -64,6 +66,8 @@ def track(name: str, steps: int, step: Callable[[int], None], warmup: int) -> di
         slope_kb=slope,
         fds_start=fds0,
         fds_end=fds1,
+        threads_start=threads0,
+        threads_end=threads1,
         seconds=time.perf_counter() - t0,
     )
 
@@ -124,7 +128,14 @@ def main() -> None:
         with ImageReader(image_shards, size=32, threads=2) as ir:
             ir.read([0])
 
-    rows.append(track("Reader + ImageReader made and dropped", args.readers, readers, 10))
+    rows.append(track("Reader + ImageReader made and closed", args.readers, readers, 10))
+
+    def dropped(i: int) -> None:  # no close(): the finalizers join the threads
+        Reader(shards, size=32, threads=2).read([(0, [0, 1])])
+        ImageReader(image_shards, size=32, threads=2).read([0])
+
+    rows.append(track("Reader + ImageReader dropped, no close", args.readers, dropped, 10))
+    rows.append(_dataset_row(shards, image_shards, args))
     rows.append(_loader_row(shards, args))
     print(
         f"anonymous resident memory (KB) and descriptors; {time.strftime('%Y-%m-%d')}, "
@@ -132,6 +143,7 @@ def main() -> None:
     )
     header = (
         f"{'run':<40} {'steps':>6} {'start':>8} {'warm':>8} {'end':>8} {'KB/step':>8} {'fds':>9}"
+        f" {'threads':>9}"
     )
     print(header)
     print("-" * len(header))
@@ -139,6 +151,7 @@ def main() -> None:
         print(
             f"{r['name']:<40} {r['steps']:>6} {r['start_kb']:>8} {r['warm_kb']:>8} "
             f"{r['end_kb']:>8} {r['slope_kb']:>8.2f} {r['fds_start']:>4}->{r['fds_end']:<4}"
+            f" {r['threads_start']:>4}->{r['threads_end']:<4}"
         )
     if args.json:
         with open(args.json, "w") as f:
@@ -159,22 +172,42 @@ def _make_image_shard(folder: str) -> None:
     write_images(folder, [src], min_short=0, progress=False)
 
 
+def _skipped(name: str) -> dict:
+    return dict(
+        name=name,
+        steps=0,
+        start_kb=0,
+        warm_kb=0,
+        end_kb=0,
+        slope_kb=0.0,
+        fds_start=0,
+        fds_end=0,
+        threads_start=0,
+        threads_end=0,
+        seconds=0.0,
+    )
+
+
+def _dataset_row(shards: list[str], image_shards: list[str], args: argparse.Namespace) -> dict:
+    """ClipDataset + ImageDataset made, one batch each read, dropped without close()."""
+    try:
+        from kohakuclip.torch import ClipDataset, ImageDataset
+    except ImportError:
+        return _skipped("datasets dropped (torch missing)")
+
+    def step(i: int) -> None:
+        ClipDataset(shards, batch_size=2, frames=2, threads=2, size=32).read_batch(i)
+        ImageDataset(image_shards, batch_size=2, threads=2, size=32).read_batch(i)
+
+    return track("Clip + ImageDataset dropped, no close", args.readers, step, 10)
+
+
 def _loader_row(shards: list[str], args: argparse.Namespace) -> dict:
     """ClipLoader with 2 DataLoader workers: the training process's memory per batch."""
     try:
         from kohakuclip.torch import ClipDataset, ClipLoader
     except ImportError:
-        return dict(
-            name="ClipLoader, 2 workers (torch missing)",
-            steps=0,
-            start_kb=0,
-            warm_kb=0,
-            end_kb=0,
-            slope_kb=0.0,
-            fds_start=0,
-            fds_end=0,
-            seconds=0.0,
-        )
+        return _skipped("ClipLoader, 2 workers (torch missing)")
     dataset = ClipDataset(shards, batch_size=4, frames=8, fps=6.0, threads=2, size=128, seed=0)
     loader = ClipLoader(dataset, workers=2)
     batches = iter(loader)

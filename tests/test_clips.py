@@ -76,7 +76,7 @@ def _clip_twins(path: str, mode: str, skip: bool | str = True, **options: object
             out = np.zeros(r.batch_shape(len(items), 5), np.uint8)  # yuv: the window only
             got.append(r.read(items, out, seed=11))
             if compiled:
-                got.append(r._workers)
+                got.append(r._pool.states)
     return got
 
 

@@ -6,7 +6,7 @@ Data path: sources (``storage``) -> plan (``read.plan``) -> pool (``read.pool``)
 from kohakuclip.check import Problem, VerifyReport, verify
 from kohakuclip.read.image_reader import ImageBatch, ImageInfo, ImageReader, ImageReadError
 from kohakuclip.read.permute import permute
-from kohakuclip.read.pool import Pending
+from kohakuclip.read.pool import Pending, PoolClosedError
 from kohakuclip.read.reader import Batch, ClipError, Reader, VideoInfo
 from kohakuclip.read.sample import clip, random_frames
 from kohakuclip.read.stream import SampleStream
@@ -28,6 +28,7 @@ __all__ = [
     "ImageReader",
     "MergeError",
     "Pending",
+    "PoolClosedError",
     "Problem",
     "Reader",
     "SampleStream",

@@ -489,11 +489,12 @@ class ClipLoader:
 
     Worker processes start with ``multiprocessing_context`` (the DataLoader's default: fork on
     Linux). A fork copies no running thread, so readers in this process must be idle then (this
-    loader's in-process iterations drain before it forks); they are left open, not closed: a
-    thread that is still exiting can hold a native lock (OpenCV's thread-local storage) that
-    the child would inherit locked. "forkserver" avoids the question at some start-up cost, and
-    is the default when the dataset reads URLs (object storage): obstore's I/O runtime does not
-    survive a fork.
+    loader's in-process iterations drain before it forks); closed or dropped ones are safe too:
+    closing waits until the OS has finished the threads, whose native exit takes library locks
+    (OpenCV's thread-local storage) a child would inherit locked, and a fork first waits for
+    any still exiting. "forkserver" avoids the question at some start-up cost, and is the
+    default when the dataset reads URLs (object storage): obstore's I/O runtime does not survive
+    a fork.
     """
 
     def __init__(

@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
@@ -25,7 +25,7 @@ from kohakuclip.decode.pixels import Crop, yuv_to_rgb_matrix
 from kohakuclip.read.image_catalog import ImageCatalog, ImageLocation
 from kohakuclip.read.image_crop import image_crop
 from kohakuclip.read.plan import ClipPlan, GopRead
-from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
+from kohakuclip.read.pool import OwnedPool, Pending, ThreadPool, batch_buffer
 from kohakuclip.read.seeding import generator, per_item_keys
 from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.files import FileCache
@@ -168,16 +168,16 @@ class ImageReader:
         )
         self.hflip, self.vflip, self.dct_scale = hflip, vflip, dct_scale
         self.yuv_size = yuv_size
-        self._open_files = open_files
         cache = BlockCache(os.fspath(cache_dir), cache_size) if cache_dir else None
         self._catalog = ImageCatalog(
             [os.fspath(p) for p in paths], use_index, storage_options, cache
         )
         self._rng = np.random.default_rng(seed)
         self._compiled = True  # False: every image through PyAV / Pillow (the tests' twin)
-        self._pid = -1
-        self._pool: ThreadPool | None = None
-        self._files: FileCache | None = None
+        self._pid = os.getpid()
+        self._files = FileCache(open_files)
+        # threads, decoders and descriptors end with close() or when the reader is collected
+        self._pool = OwnedPool(self, threads, self._files.close)
 
     # -- catalog -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -241,13 +241,12 @@ class ImageReader:
 
     def _ensure_process(self) -> tuple[ThreadPool, FileCache]:
         """Threads, descriptors and memory maps belong to one process: renewed after a fork."""
-        if self._pid != os.getpid() or self._pool is None or self._files is None:
+        if self._pid != os.getpid():
             self._pid = os.getpid()
             self._catalog.after_fork()
-            self._files = FileCache(self._open_files)
-            size, mode, window = self.size, self.mode, self.yuv_size
-            self._pool = ThreadPool(self.threads, lambda: _ImageWorker(size, mode, window))
-        return self._pool, self._files
+            self._files.ensure_process()
+        worker = partial(_ImageWorker, self.size, self.mode, self.yuv_size)
+        return self._pool.get(worker), self._files
 
     def submit(
         self,
@@ -427,13 +426,9 @@ class ImageReader:
         batch.full_range[i] = colorspace.endswith("-full")
 
     def close(self) -> None:
-        """Join the threads and close the files."""
-        if self._pool is not None and self._pid == os.getpid():
-            self._pool.close()
-        if self._files is not None and self._pid == os.getpid():
-            self._files.close()
-        self._pool = None
-        self._files = None
+        """Join the threads (queued batches finish first) and close the files; the next use
+        starts new threads. A reader dropped without ``close()`` is closed when collected."""
+        self._pool.close()
 
     def __enter__(self) -> ImageReader:
         return self

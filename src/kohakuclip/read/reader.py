@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from time import thread_time
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -18,7 +18,7 @@ from kohakuclip.decode.image import ImageDecoder, dct_denominator, scaled_window
 from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, Planes, square_crop
 from kohakuclip.decode.video import ClipDecoder, takes_dav1d
 from kohakuclip.read.plan import ClipPlan, FrameRangeError, Skip, plan_clip
-from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
+from kohakuclip.read.pool import OwnedPool, Pending, ThreadPool, batch_buffer
 from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator, per_item_keys
 from kohakuclip.storage.cache import BlockCache
@@ -208,9 +208,9 @@ class Reader:
         self._rng = np.random.default_rng(seed)
         self._compiled = True  # False: every clip through PyAV (the tests' slow twin)
         self._pid = -1
-        self._pool: ThreadPool | None = None
+        # threads, decoders and descriptors end with close() or when the reader is collected
+        self._pool = OwnedPool(self, threads, self._catalog.close)
         self._fetcher: ThreadPoolExecutor | None = None  # prefetch threads (remote sources)
-        self._workers: list[_Worker] = []  # per-thread state, for stats()
         self._stats_lock = threading.Lock()
         self._stats = {
             "clips": 0,
@@ -271,19 +271,12 @@ class Reader:
     def _ensure_process(self) -> tuple[ThreadPool, FileCache]:
         """Threads and descriptors belong to one process: recreate them after a fork."""
         self._catalog.ensure_process()
-        if self._pid != os.getpid() or self._pool is None:
+        if self._pid != os.getpid():
             self._pid = os.getpid()
             self._stats_lock = threading.Lock()
-            self._workers = []
-            self._pool = ThreadPool(self.threads, self._new_worker)
             self._fetcher = None  # a forked child gets new prefetch threads
-        return self._pool, self._catalog.files
-
-    def _new_worker(self) -> _Worker:
-        worker = _Worker(self.size, self.mode, self.window, self._compiled)
-        with self._stats_lock:
-            self._workers.append(worker)
-        return worker
+        worker = partial(_Worker, self.size, self.mode, self.window, self._compiled)
+        return self._pool.get(worker), self._catalog.files
 
     def submit(
         self,
@@ -618,7 +611,7 @@ class Reader:
         ``_pixels``: resize + convert + flips, ``_plan``)."""
         with self._stats_lock:
             s: dict[str, float] = dict(self._stats)
-            for worker in self._workers:
+            for worker in self._pool.states:
                 stages = (
                     *worker.seconds.items(),
                     *worker.decoder.seconds.items(),
@@ -641,14 +634,12 @@ class Reader:
             return None
 
     def close(self) -> None:
-        """Join the threads and close the files."""
-        if self._pool is not None and self._pid == os.getpid():
-            self._pool.close()
+        """Join the threads (queued batches finish first) and close the files; the next use
+        starts new threads. A reader dropped without ``close()`` is closed when collected."""
+        self._pool.close()
         if self._fetcher is not None and self._pid == os.getpid():
             self._fetcher.shutdown(wait=True, cancel_futures=True)
-        self._pool = None
         self._fetcher = None
-        self._catalog.close()
 
     def __enter__(self) -> Reader:
         return self

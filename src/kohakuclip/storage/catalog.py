@@ -447,9 +447,11 @@ class Catalog:
             self.objects = self.objects.after_fork(self.files)
 
     def close(self) -> None:
-        """Close every descriptor and drop the cached frame tables."""
-        if self._pid == os.getpid():
-            self.files.close()
+        """Close every descriptor and drop the cached frame tables (a forked child's copy is
+        left alone: its lock and descriptors are the parent's)."""
+        if self._pid != os.getpid():
+            return
+        self.files.close()
         with self._lock:
             self._tracks.clear()
 

@@ -19,6 +19,14 @@ class FileCache:
         self.limit = limit
         self._lock = threading.Lock()
         self._open: OrderedDict[str, list[int]] = OrderedDict()  # path -> [fd, users]
+        self._pid = os.getpid()
+
+    def ensure_process(self) -> None:
+        """After a fork, forget the parent's descriptors and lock (never used across a fork)."""
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()
+            self._open = OrderedDict()
+            self._pid = os.getpid()
 
     @contextmanager
     def open(self, path: str) -> Iterator[int]:
@@ -62,6 +70,11 @@ class FileCache:
         return len(self._open)
 
     def close(self) -> None:
+        """Close the idle descriptors and forget all (one in use closes when its user is done);
+        the cache stays usable. In a forked child the parent's descriptors are only forgotten."""
+        if self._pid != os.getpid():
+            self.ensure_process()
+            return
         with self._lock:
             for fd, users in self._open.values():
                 if users == 0:
