@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from kohakuclip.errors import KohakuClipError
+
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _EOCD = struct.Struct("<4sHHHHIIH")
 _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
@@ -16,7 +18,7 @@ _ZIP64_LOCATOR = struct.Struct("<4sIQI")
 _ZIP64_EOCD = struct.Struct("<4sQHHIIQQQQ")
 
 
-class ArchiveError(ValueError):
+class ArchiveError(KohakuClipError, ValueError):
     """An archive that cannot be read (corrupt, truncated, compressed where it must be stored)."""
 
 

@@ -37,7 +37,7 @@ with contextlib.suppress(ImportError):  # JPEG XL sources, when the optional plu
     import pillow_jxl  # noqa: F401
 
 
-class ImageSkip(Exception):
+class ImageSkip(KohakuClipError):
     """A source image that is not stored; ``reason`` goes to skipped.jsonl."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
