@@ -19,6 +19,8 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+from kohakuclip.errors import KohakuClipError
+
 Backend = Literal["native", "pillow"]
 
 _ORIENTATION_TAG = 0x0112
