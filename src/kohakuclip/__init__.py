@@ -4,6 +4,7 @@ Data path: sources (``storage``) -> plan (``read.plan``) -> pool (``read.pool``)
 """
 
 from kohakuclip.check import Problem, VerifyReport, verify
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.read.image_reader import ImageBatch, ImageInfo, ImageReader, ImageReadError
 from kohakuclip.read.permute import permute
 from kohakuclip.read.pool import Pending, PoolClosedError
@@ -26,6 +27,7 @@ __all__ = [
     "ImageInfo",
     "ImageReadError",
     "ImageReader",
+    "KohakuClipError",
     "MergeError",
     "Pending",
     "PoolClosedError",

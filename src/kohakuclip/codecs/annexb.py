@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import struct
 
+from kohakuclip.errors import KohakuClipError
+
 START_CODE = b"\x00\x00\x00\x01"
 _LENGTH = struct.Struct(">I")
 
 
-class AnnexBError(ValueError):
+class AnnexBError(KohakuClipError, ValueError):
     """A sample or decoder configuration whose NAL unit framing is broken."""
 
 

@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from kohakuclip.errors import KohakuClipError
 
-class Av1ParseError(ValueError):
+
+class Av1ParseError(KohakuClipError, ValueError):
     """AV1 data that does not parse: truncated or corrupt OBUs or headers."""
 
 

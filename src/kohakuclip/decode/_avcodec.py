@@ -38,6 +38,7 @@ import numpy as np
 from numba import carray, types
 
 from kohakuclip.decode._dav1d import _voidptr
+from kohakuclip.errors import KohakuClipError
 
 # --- struct layouts (libavutil 60 / libavcodec 62, LP64 and LLP64) -------------------------
 _AVUTIL_MAJOR, _AVCODEC_MAJOR = 60, 62
@@ -91,7 +92,7 @@ Codec = Literal["h264", "hevc", "mjpeg"]
 _CODECS = ("h264", "hevc", "mjpeg")
 
 
-class AvcodecError(RuntimeError):
+class AvcodecError(KohakuClipError, RuntimeError):
     """libavcodec could not be used or rejected the input (the message names the cause)."""
 
 

@@ -28,6 +28,8 @@ from numba import carray, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from kohakuclip.errors import KohakuClipError
+
 # byte offsets of the fields used (dav1d 1.x, LP64 / LLP64 with 8-byte pointers)
 _SETTINGS_BYTES = 256  # Dav1dSettings is 96 bytes; room to spare
 _SETTINGS_THREADS, _SETTINGS_FRAME_DELAY, _SETTINGS_LOG_CALLBACK = 0, 4, 56
@@ -38,7 +40,7 @@ _PICTURE_PLANES, _PICTURE_STRIDES, _PICTURE_TIMESTAMP = 2, 5, 9  # int64 words
 _PICTURE_SIZE = 14  # int32 words: p.w, p.h, p.layout, p.bpc
 
 
-class Dav1dError(RuntimeError):
+class Dav1dError(KohakuClipError, RuntimeError):
     """libdav1d rejected the input (the message carries its error code)."""
 
 

@@ -26,6 +26,7 @@ from PIL import Image
 from kohakuclip.decode._resize import Resizer
 from kohakuclip.decode.pixels import Crop, PixelWriter, frame_planes, yuv420_planes
 from kohakuclip.decode.video import padded_packet
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import COLOR_BT709, COLOR_FULL_RANGE
 
 ImageMode = Literal["rgb", "yuv", "yuv_resized"]
@@ -37,7 +38,7 @@ _DCT_DENOMINATORS = (8, 4, 2)
 _PLANAR_JPEG = ("yuvj420p", "yuvj422p", "yuvj444p", "yuv420p", "yuv422p", "yuv444p", "gray")
 
 
-class ImageDecodeError(ValueError):
+class ImageDecodeError(KohakuClipError, ValueError):
     """Bytes that do not decode as the image they should be."""
 
 

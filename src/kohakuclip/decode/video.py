@@ -21,6 +21,7 @@ import av
 from kohakuclip.codecs.av1_syntax import iter_obus, parse_sequence_header
 from kohakuclip.decode import _dav1d
 from kohakuclip.decode.pixels import Planes, frame_planes
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.read.plan import ClipPlan, GopRead
 from kohakuclip.storage.catalog import VideoTrack
 
@@ -40,7 +41,7 @@ def padded_packet(data: bytes | memoryview) -> av.Packet:
     return packet
 
 
-class ClipDecodeError(RuntimeError):
+class ClipDecodeError(KohakuClipError, RuntimeError):
     """Decoding failed; the message names the file, member and frames."""
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import GULP_ALIGNMENT
 
 JPEG_QUALITY = 90
@@ -23,7 +24,7 @@ JPEG_QUALITY = 90
 _JPEG_SOI = b"\xff\xd8"
 
 
-class GulpError(ValueError):
+class GulpError(KohakuClipError, ValueError):
     """A gulp directory, chunk or frame that cannot be read or written as asked."""
 
 
@@ -81,7 +82,7 @@ def decode_frame(data: bytes | memoryview, min_height: int = 0, min_width: int =
         raise ValueError(f"not a decodable JPEG ({exc})") from exc
 
 
-class RecordError(ValueError):
+class RecordError(KohakuClipError, ValueError):
     """Record ``position`` of a batch of records could not be decoded (or did not fit)."""
 
     def __init__(self, position: int, reason: str) -> None:

@@ -10,6 +10,8 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
+from kohakuclip.errors import KohakuClipError
+
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
@@ -20,7 +22,7 @@ _FIRST_READ = 64 * 1024
 """Bytes read at the start of a file: the top-level headers and, for faststart files, the moov."""
 
 
-class Mp4Error(ValueError):
+class Mp4Error(KohakuClipError, ValueError):
     """An mp4 that cannot be parsed (corrupt, truncated, inconsistent tables); names the file."""
 
     def __init__(self, where: str, problem: str) -> None:

@@ -20,6 +20,7 @@ from typing import Literal, NamedTuple, get_args
 import numpy as np
 
 from kohakuclip.codecs.annexb import AnnexBError, nal_length_size, parameter_sets_annexb
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.mp4.boxes import Box, Mp4Error, ReadAt, children, iter_boxes, top_level_boxes
 from kohakuclip.mp4.edits import Edit, apply_edits
 from kohakuclip.mp4.fragments import FragmentSamples, fragment_samples, track_defaults
@@ -63,7 +64,7 @@ _ELST0 = np.dtype([("duration", ">u4"), ("media_time", ">i4"), ("rate", ">i4")])
 _ELST1 = np.dtype([("duration", ">u8"), ("media_time", ">i8"), ("rate", ">i4")])
 
 
-class UnsupportedVideo(ValueError):
+class UnsupportedVideo(KohakuClipError, ValueError):
     """A well-formed mp4 whose video kohakuclip cannot read (codec, encryption)."""
 
     def __init__(self, where: str, codec: str, detail: str = "") -> None:

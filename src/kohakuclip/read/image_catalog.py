@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import IMAGE_CODECS, INDEX_MEMBER, SHARD_SUFFIXES
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
@@ -53,7 +54,7 @@ from kohakuclip.storage.zip import ArchiveError, Member, list_zip
 from kohakuclip.write.image_sources import IMAGE_SUFFIXES
 
 
-class ImageSourceError(ValueError):
+class ImageSourceError(KohakuClipError, ValueError):
     """A source that cannot be opened, or an image in it that cannot be located."""
 
 

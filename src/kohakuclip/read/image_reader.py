@@ -22,6 +22,7 @@ from kohakuclip.decode.image import (
     sniff_codec,
 )
 from kohakuclip.decode.pixels import Crop, yuv_to_rgb_matrix
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.read.image_catalog import ImageCatalog, ImageLocation
 from kohakuclip.read.image_crop import image_crop
 from kohakuclip.read.plan import ClipPlan, GopRead
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 ImageCrop = Literal["random", "center", "resized"]
 
 
-class ImageReadError(RuntimeError):
+class ImageReadError(KohakuClipError, RuntimeError):
     """An image that could not be read; the message names the source and member."""
 
 

@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 
 from kohakuclip.codecs.av1 import closure
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import AV1_SHOW_EXISTING
 from kohakuclip.storage.catalog import VideoTrack
 
@@ -26,7 +27,7 @@ Skip = bool | Literal["keep"]
 Pieces = tuple[tuple[int, int], ...]
 
 
-class FrameRangeError(IndexError):
+class FrameRangeError(KohakuClipError, IndexError):
     """A wanted frame index outside the video."""
 
 

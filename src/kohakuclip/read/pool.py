@@ -25,11 +25,13 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from kohakuclip.errors import KohakuClipError
+
 T = TypeVar("T")
 Task = Callable[[Any], None]
 
 
-class PoolClosedError(RuntimeError):
+class PoolClosedError(KohakuClipError, RuntimeError):
     """The pool stopped before it ran this work: its reader was closed or collected, the
     interpreter is exiting, or the batch was submitted in another process (before a fork)."""
 

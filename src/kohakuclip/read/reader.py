@@ -17,6 +17,7 @@ import numpy as np
 from kohakuclip.decode.image import ImageDecoder, dct_denominator, scaled_window
 from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, Planes, square_crop
 from kohakuclip.decode.video import ClipDecoder, takes_dav1d
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.read.plan import ClipPlan, FrameRangeError, Skip, plan_clip
 from kohakuclip.read.pool import OwnedPool, Pending, ThreadPool, batch_buffer
 from kohakuclip.read.sample import clip
@@ -33,7 +34,7 @@ CropMode = Literal["random", "center"]
 Item = tuple[int, Sequence[int]]
 
 
-class ClipError(RuntimeError):
+class ClipError(KohakuClipError, RuntimeError):
     """A clip that could not be read; the message names the source, member and frames."""
 
 

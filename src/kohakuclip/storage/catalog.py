@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from kohakuclip.codecs.av1 import Av1Deps, Av1ParseError, analyze, sample_rows
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import (
     AV1_DEPS_KEY,
     AV1_DEPS_MAGIC,
@@ -57,7 +58,7 @@ from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_z
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov")
 
 
-class SourceError(ValueError):
+class SourceError(KohakuClipError, ValueError):
     """A source that cannot be opened, or a video in it that cannot be read."""
 
 

@@ -9,10 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import AV1_DEPS_KEY, FRAME_RECORD, VIDEO_INDEX_MAGIC, VideoEntry
 
 
-class IndexFormatError(ValueError):
+class IndexFormatError(KohakuClipError, ValueError):
     """An index member that does not parse (wrong magic, truncated, inconsistent)."""
 
 

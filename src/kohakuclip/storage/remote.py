@@ -26,6 +26,8 @@ from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
+from kohakuclip.errors import KohakuClipError
+
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "adl", "azure", "http", "https")
 # What a failing request is retried with before it becomes an error (obstore's retry layer).
 RETRY: dict[str, Any] = {
@@ -63,7 +65,7 @@ def request_counts() -> dict[str, int]:
         return dict(_COUNTS)
 
 
-class ObjectStoreError(OSError):
+class ObjectStoreError(KohakuClipError, OSError):
     """An object that cannot be read: missing, replaced, refused, or the store unreachable."""
 
 

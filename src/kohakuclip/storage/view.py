@@ -9,12 +9,13 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import DATASET_FILE, DATASET_FORMAT, MANIFEST_FILE
 
 ViewKind = Literal["video", "image"]
 
 
-class ViewError(ValueError):
+class ViewError(KohakuClipError, ValueError):
     """A dataset view that cannot be used (bad JSON, another format, a shard gone)."""
 
 

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.storage.ranged import RangedFile, open_local
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
@@ -19,7 +20,7 @@ _ZIP64_LOCATOR = struct.Struct("<4sIQI")
 _ZIP64_EOCD = struct.Struct("<4sQHHIIQQQQ")
 
 
-class ArchiveError(ValueError):
+class ArchiveError(KohakuClipError, ValueError):
     """An archive that cannot be read (corrupt, truncated, compressed where it must be stored)."""
 
 

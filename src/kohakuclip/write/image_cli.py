@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from kohakuclip.write.image_codecs import JPEG_ENCODERS, STORAGE_CODECS
-from kohakuclip.write.image_sources import SourceError
+from kohakuclip.write.image_sources import ImageInputError
 from kohakuclip.write.images import write_images
 from kohakuclip.write.upload import run_staged
 
@@ -82,7 +82,7 @@ def _write(args: argparse.Namespace, out: str) -> int:
             part=args.part,
             resume=args.resume,
         )
-    except (SourceError, ValueError) as e:
+    except (ImageInputError, ValueError) as e:
         print(f"kohakuclip-write-images: {e}", file=sys.stderr)
         return 2
     print(

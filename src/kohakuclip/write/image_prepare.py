@@ -19,6 +19,8 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+from kohakuclip.errors import KohakuClipError
+
 Backend = Literal["native", "pillow"]
 
 _ORIENTATION_TAG = 0x0112
@@ -37,7 +39,7 @@ with contextlib.suppress(ImportError):  # JPEG XL sources, when the optional plu
     import pillow_jxl  # noqa: F401
 
 
-class ImageSkip(Exception):
+class ImageSkip(KohakuClipError):
     """A source image that is not stored; ``reason`` goes to skipped.jsonl."""
 
     def __init__(self, reason: str, detail: str = "") -> None:

@@ -13,6 +13,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.storage.folder import list_folder
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import ArchiveError, Member, list_zip
@@ -25,7 +26,7 @@ _CAPTION_SUFFIX = ".txt"
 _META_SUFFIX = ".json"
 
 
-class SourceError(ValueError):
+class ImageInputError(KohakuClipError, ValueError):
     """A source path that is missing or of an unknown kind, or an archive that cannot be read."""
 
 
@@ -45,14 +46,14 @@ def _kind(path: str) -> str:
     if os.path.isdir(path):
         return "folder"
     if not os.path.exists(path):
-        raise SourceError(f"{path}: no such file or directory")
+        raise ImageInputError(f"{path}: no such file or directory")
     if lower.endswith(".tar"):
         return "tar"
     if lower.endswith(".zip"):
         return "zip"
     if lower.endswith(IMAGE_SUFFIXES):
         return "file"
-    raise SourceError(f"{path}: not an image, a folder, a .tar or a .zip")
+    raise ImageInputError(f"{path}: not an image, a folder, a .tar or a .zip")
 
 
 def iter_sources(paths: list[str | os.PathLike[str]]) -> Iterator[SourceImage]:
@@ -108,7 +109,7 @@ def _list_or_fail(lister: Callable[[str], list[Member]], path: str) -> list[Memb
     try:
         return lister(path)
     except ArchiveError as e:
-        raise SourceError(str(e)) from None
+        raise ImageInputError(str(e)) from None
 
 
 def _read_member(path: str, member: Member) -> Callable[[], bytes]:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import MANIFEST_FILE, SKIPPED_FILE
 from kohakuclip.storage.catalog import SourceError, index_layout
 from kohakuclip.storage.image_index import find_image_index
@@ -30,7 +31,7 @@ from kohakuclip.write.parts import OutputNames, Part
 _PART_MANIFEST_RE = re.compile(r"^part-(\d+)-of-(\d+)\." + re.escape(MANIFEST_FILE) + "$")
 
 
-class MergeError(RuntimeError):
+class MergeError(KohakuClipError, RuntimeError):
     """The folder cannot be merged (parts missing or unfinished, a shard disagreeing with its
     manifest)."""
 

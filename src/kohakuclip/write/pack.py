@@ -19,6 +19,7 @@ import numpy as np
 
 from kohakuclip.codecs.av1 import Av1Deps, Av1DepsIndex, analyze
 from kohakuclip.codecs.h26x import highest_temporal_id, is_reference
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import (
     FLAG_KEYFRAME,
     FRAME_RECORD,
@@ -37,7 +38,7 @@ TEMP_SUFFIX = ".tmp"
 """Suffix of a shard being written; renamed away when the shard is complete."""
 
 
-class PackError(ValueError):
+class PackError(KohakuClipError, ValueError):
     """A member that cannot go into a shard (bad name, duplicate, not a supported mp4)."""
 
 

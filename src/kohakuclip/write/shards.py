@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import MANIFEST_FILE, VideoEntry
 from kohakuclip.write.gulp_videos import encode_gulp_video
 from kohakuclip.write.pack import TEMP_SUFFIX, Container, PackError, ShardWriter
@@ -75,7 +76,7 @@ MANIFEST_SCHEMA = pa.schema(
 _RESUME_KEYS = ("settings", "container", "per_shard", "backend", "gulp_fps", "parts")
 
 
-class WriteError(RuntimeError):
+class WriteError(KohakuClipError, RuntimeError):
     """The output folder cannot be used (a previous run there, with other settings)."""
 
 

@@ -19,6 +19,7 @@ import av.filter
 from av.sidedata.sidedata import SideData
 from av.video.frame import PictureType
 
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import Colorspace
 from kohakuclip.mp4.faststart import faststart
 from kohakuclip.write.layout import (
@@ -33,7 +34,7 @@ from kohakuclip.write.settings import EncodeSettings
 SourceInput = str | os.PathLike[str] | bytes | bytearray | memoryview
 
 
-class EncodeError(ValueError):
+class EncodeError(KohakuClipError, ValueError):
     """A source that cannot be encoded (not a video, corrupt, no frames); names the source."""
 
 
