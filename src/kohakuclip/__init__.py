@@ -12,6 +12,7 @@ from kohakuclip.read.reader import Batch, ClipError, Reader, VideoInfo
 from kohakuclip.read.sample import clip, random_frames
 from kohakuclip.read.stream import SampleStream
 from kohakuclip.sheet import contact_sheet
+from kohakuclip.storage.remote import ObjectStoreError
 from kohakuclip.summary import VideoSummary, describe
 from kohakuclip.write.images import encode_image, pack_images
 from kohakuclip.write.merge import MergeError, merge
@@ -29,6 +30,7 @@ __all__ = [
     "ImageReader",
     "KohakuClipError",
     "MergeError",
+    "ObjectStoreError",
     "Pending",
     "PoolClosedError",
     "Problem",
