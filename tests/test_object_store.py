@@ -6,7 +6,13 @@ the URL."""
 
 from __future__ import annotations
 
+import io
 import os
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -326,3 +332,150 @@ def test_write_images_to_a_bucket_then_resume(s3, media, tmp_path):
     before = request_counts()
     assert write_images_main([url, "--staging", staging, "--resume", *common]) == 0
     assert request_counts()["requests"] - before["requests"] == 1  # the listing: nothing new
+
+
+# -- the video writer and merge against the bucket ---------------------------------------------
+
+WRITE_ARGS = ["--codec", "av1", "--preset", "12", "--per-shard", "1", "--workers", "1", "--quiet"]
+WRITE_TIMEOUT = 120  # seconds a writer subprocess may take on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Three tiny videos (96x64, 1 s) to re-encode."""
+    root = tmp_path_factory.mktemp("videos")
+    for i in range(3):
+        make_video(VideoSpec(width=96, height=64, frames=24, seed=30 + i), str(root / f"v{i}.mp4"))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def local_write(videos: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The same job written to a local folder: what every bucket run must equal."""
+    from kohakuclip.write.cli import main as write_main
+
+    out = str(tmp_path_factory.mktemp("local-write"))
+    assert write_main([out, videos, *WRITE_ARGS]) == 0
+    return out
+
+
+def _bucket_names(s3, prefix: str) -> list[str]:
+    listed = [str(m["path"]) for chunk in obstore.list(s3, prefix) for m in chunk]
+    return sorted(path[len(prefix) :] for path in listed)
+
+
+def _stored_videos(read: Callable[[str], bytes]) -> dict[str, tuple[int, bytes]]:
+    """source -> (frames, the stored mp4's bytes), from a folder's manifest and its shards."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    found = {}
+    for row in pq.read_table(pa.BufferReader(read("manifest.parquet"))).to_pylist():
+        with zipfile.ZipFile(io.BytesIO(read(row["shard"]))) as z:
+            found[row["source"]] = (row["frames"], z.read(row["member"]))
+    return found
+
+
+def _local_reader(folder: str) -> Callable[[str], bytes]:
+    return lambda name: open(os.path.join(folder, name), "rb").read()
+
+
+def _bucket_reader(s3, prefix: str) -> Callable[[str], bytes]:
+    return lambda name: bytes(obstore.get(s3, prefix + name).bytes())
+
+
+def _video_clips(source: str) -> np.ndarray:
+    with Reader(source, size=32, threads=2) as r:
+        return r.read([(v, [0, 7, 23]) for v in range(len(r))], seed=4).video
+
+
+def test_write_videos_to_a_bucket_then_resume(s3, videos, local_write, tmp_path):
+    from kohakuclip.write.cli import main as write_main
+
+    url = f"s3://{BUCKET}/videos/"
+    staging = str(tmp_path / "staging")
+    assert write_main([url, "--staging", staging, videos, *WRITE_ARGS]) == 0
+    names = _bucket_names(s3, "videos/")
+    local = sorted(os.listdir(local_write))
+    assert names == local  # shards, manifest.parquet, encoding.json, skipped.jsonl
+    for name in names:  # bit for bit the local run's files
+        assert _bucket_reader(s3, "videos/")(name) == _local_reader(local_write)(name), name
+    np.testing.assert_array_equal(_video_clips(url), _video_clips(local_write))
+    before = request_counts()
+    assert write_main([url, "--staging", staging, "--resume", videos, *WRITE_ARGS]) == 0
+    assert request_counts()["requests"] - before["requests"] == 1  # the listing: nothing new
+    assert _bucket_names(s3, "videos/") == names
+
+
+def _env_with_src() -> dict[str, str]:
+    import kohakuclip
+
+    src = os.path.dirname(os.path.dirname(kohakuclip.__file__))
+    paths = [src, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def test_killed_video_writer_leaves_nothing_half_written(s3, videos, local_write, tmp_path):
+    from kohakuclip.write.cli import main as write_main
+
+    url = f"s3://{BUCKET}/killed/"
+    staging = tmp_path / "staging"
+    command = [sys.executable, "-m", "kohakuclip.write.cli", url, videos, "--staging"]
+    proc = subprocess.Popen(
+        [*command, str(staging), *WRITE_ARGS],
+        env=_env_with_src(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + WRITE_TIMEOUT
+        while not list(staging.glob("shard_*.zip")) and proc.poll() is None:
+            assert time.monotonic() < deadline, "the writer wrote no shard in time"
+            time.sleep(0.02)
+        assert proc.poll() is None, "the writer finished before it could be killed"
+        proc.kill()  # mid-run: one shard finished, the others not yet
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert _bucket_names(s3, "killed/") == []  # nothing visible, not even the finished shard
+    assert write_main([url, "--staging", str(staging), "--resume", videos, *WRITE_ARGS]) == 0
+    assert _bucket_names(s3, "killed/") == sorted(os.listdir(local_write))
+    want = _stored_videos(_local_reader(local_write))
+    assert _stored_videos(_bucket_reader(s3, "killed/")) == want
+
+
+def test_parts_written_to_a_bucket_then_merged_equal_a_local_run(s3, videos, local_write, tmp_path):
+    from kohakuclip import cli as kohakuclip_cli
+    from kohakuclip.write.cli import main as write_main
+    from kohakuclip.write.merge import MergeError, merge
+
+    url = f"s3://{BUCKET}/parts/"
+    assert write_main([url, videos, "--part", "0/2", *WRITE_ARGS]) == 0
+    with pytest.raises(MergeError, match=rf"s3://{BUCKET}/parts/: parts missing 1/2"):
+        merge(url)
+    assert write_main([url, videos, "--part", "1/2", *WRITE_ARGS]) == 0
+    names = _bucket_names(s3, "parts/")
+    for tag in ("part-00000-of-00002", "part-00001-of-00002"):  # no part overwrote the other
+        assert f"{tag}.manifest.parquet" in names and f"{tag}.skipped.jsonl" in names
+        assert any(n.startswith(f"{tag}.shard_") for n in names)
+    assert kohakuclip_cli.main(["merge", url]) == 0
+    names = _bucket_names(s3, "parts/")
+    assert {"dataset.json", "manifest.parquet", "skipped.jsonl"} <= set(names)
+    want = _stored_videos(_local_reader(local_write))
+    assert _stored_videos(_bucket_reader(s3, "parts/")) == want  # same videos, frames, AV1 bytes
+    np.testing.assert_array_equal(_video_clips(url), _video_clips(local_write))
+    # the same as a local merge of the same parts; the view, downloaded, reads like the local run
+    down, again = tmp_path / "down", tmp_path / "again"
+    down.mkdir()
+    again.mkdir()
+    for name in names:
+        data = _bucket_reader(s3, "parts/")(name)
+        (down / name).write_bytes(data)
+        if name not in ("dataset.json", "manifest.parquet", "skipped.jsonl"):
+            (again / name).write_bytes(data)
+    merge(again)
+    for name in ("dataset.json", "manifest.parquet", "skipped.jsonl"):
+        assert (down / name).read_bytes() == (again / name).read_bytes(), name
+    np.testing.assert_array_equal(_video_clips(str(down)), _video_clips(local_write))

@@ -6,24 +6,40 @@ and ``dataset.json`` lists every shard with its count, byte size and index locat
 ``formats.DATASET_FILE``). Each shard's index is read once here and checked against its
 manifest rows, so a reader of the view trusts it without opening the shards. Merging refuses a
 folder where a part is missing or unfinished, naming the parts to (re-)run.
+
+``OUT`` may be an object-store URL prefix the parts uploaded to (``s3://bucket/prefix/``...,
+credentials from the standard environment variables): the manifests and skip logs are fetched,
+each shard's index read by ranged GETs (never the whole shard), and the merged files uploaded,
+``dataset.json`` last, each with one PUT (visible only once complete).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kohakuclip.errors import KohakuClipError
-from kohakuclip.formats import MANIFEST_FILE, SKIPPED_FILE
+from kohakuclip.formats import DATASET_FILE, MANIFEST_FILE, SKIPPED_FILE
 from kohakuclip.storage.catalog import SourceError, index_layout
 from kohakuclip.storage.image_index import find_image_index
 from kohakuclip.storage.index import IndexFormatError
-from kohakuclip.storage.view import DatasetView, ShardListing, ViewKind, dump_view, view_path
+from kohakuclip.storage.remote import (
+    ObjectStoreError,
+    describe_error,
+    is_url,
+    list_objects,
+    open_object,
+    store_for,
+)
+from kohakuclip.storage.view import DatasetView, ShardListing, ViewKind, dump_view
 from kohakuclip.storage.zip import ArchiveError
 from kohakuclip.write.pack import TEMP_SUFFIX
 from kohakuclip.write.parts import OutputNames, Part
@@ -48,28 +64,100 @@ class MergeResult:
     parts: int  # parts merged (1 for a single run)
 
 
-def _runs(out: str) -> list[OutputNames]:
+@dataclass(frozen=True)
+class _Out:
+    """The folder (or URL prefix) merged: its files' sizes, reads and atomic replacements."""
+
+    root: str  # a local folder, or a URL prefix ending in "/"
+    sizes: Mapping[str, int]  # name -> bytes; a local sub-folder as "name/" -> 0
+    options: Mapping[str, Any] | None = None
+
+    @classmethod
+    def open(cls, out: str, options: Mapping[str, Any] | None = None) -> _Out:
+        if not is_url(out):
+            if not os.path.isdir(out):
+                raise MergeError(f"{out}: no such folder")
+            sizes = {}
+            for name in os.listdir(out):
+                path = os.path.join(out, name)
+                if os.path.isdir(path):
+                    sizes[name + "/"] = 0
+                else:
+                    sizes[name] = os.path.getsize(path)
+            return cls(out, sizes)
+        prefix = out if out.endswith("/") else out + "/"
+        try:
+            listed = list_objects(prefix, options)
+        except ObjectStoreError as e:
+            raise MergeError(str(e)) from None
+        return cls(prefix, {url[len(prefix) :]: int(m["size"]) for url, m in listed}, options)
+
+    @property
+    def remote(self) -> bool:
+        return is_url(self.root)
+
+    def path(self, name: str) -> str:
+        return self.root + name if self.remote else os.path.join(self.root, name)
+
+    def has_folder(self, name: str) -> bool:
+        return any(found.startswith(name + "/") for found in self.sizes)
+
+    def read(self, name: str) -> bytes:
+        if not self.remote:
+            with open(self.path(name), "rb") as f:
+                return f.read()
+        try:
+            return open_object(self.path(name), self.options, {"size": self.sizes[name]}).read(
+                0, self.sizes[name]
+            )
+        except ObjectStoreError as e:
+            raise MergeError(str(e)) from None
+
+    def table(self, name: str) -> pa.Table:
+        if not self.remote:
+            return pq.read_table(self.path(name))
+        return pq.read_table(pa.BufferReader(self.read(name)))
+
+    def replace(self, name: str, data: bytes) -> None:
+        """Write ``name`` whole: a renamed temporary file, or one PUT."""
+        path = self.path(name)
+        if not self.remote:
+            temp = path + TEMP_SUFFIX
+            with open(temp, "wb") as f:
+                f.write(data)
+            os.replace(temp, path)
+            return
+        import obstore
+
+        store, key = store_for(path, self.options)
+        try:
+            obstore.put(store, key, data)
+        except Exception as e:
+            raise MergeError(str(describe_error(path, e))) from None
+
+
+def _runs(out: _Out) -> list[OutputNames]:
     """The runs whose manifests are merged: every part of one job, or the single run."""
     found: dict[int, set[int]] = {}
-    for name in os.listdir(out):
+    for name in out.sizes:
         match = _PART_MANIFEST_RE.match(name)
         if match:
             found.setdefault(int(match.group(2)), set()).add(int(match.group(1)))
     if not found:
-        if not os.path.isfile(os.path.join(out, MANIFEST_FILE)):
-            raise MergeError(f"{out}: no manifest to merge (no finished run or part there)")
+        if MANIFEST_FILE not in out.sizes:
+            raise MergeError(f"{out.root}: no manifest to merge (no finished run or part there)")
         return [OutputNames()]
     if len(found) > 1:
         counts = ", ".join(str(n) for n in sorted(found))
-        raise MergeError(f"{out}: parts of jobs split different ways ({counts} parts)")
+        raise MergeError(f"{out.root}: parts of jobs split different ways ({counts} parts)")
     ((count, indices),) = found.items()
     runs = [OutputNames(Part(i, count)) for i in range(count)]
     missing = [str(r.part) for r in runs if r.part is not None and r.part.index not in indices]
-    unfinished = [str(r.part) for r in runs if os.path.isdir(os.path.join(out, r.pending))]
+    unfinished = [str(r.part) for r in runs if out.has_folder(r.pending)]
     if missing or unfinished:
         what = [f"missing {', '.join(missing)}"] if missing else []
         what += [f"unfinished {', '.join(unfinished)}"] if unfinished else []
-        raise MergeError(f"{out}: parts {'; '.join(what)} (run them, with --resume)")
+        raise MergeError(f"{out.root}: parts {'; '.join(what)} (run them, with --resume)")
     return runs
 
 
@@ -77,8 +165,8 @@ def _kind(table: pa.Table) -> ViewKind:
     return "image" if "key" in table.column_names else "video"
 
 
-def _video_listing(out: str, shard: str, rows: pa.Table) -> tuple[ShardListing, list[str]]:
-    path = os.path.join(out, shard)
+def _video_listing(out: _Out, shard: str, rows: pa.Table) -> tuple[ShardListing, list[str]]:
+    path = out.path(shard)
     try:
         member, records, deps, entries = index_layout(path)
     except (SourceError, ArchiveError, IndexFormatError) as e:
@@ -93,30 +181,24 @@ def _video_listing(out: str, shard: str, rows: pa.Table) -> tuple[ShardListing, 
         if by_member[name].n != n:
             raise MergeError(f"{path}:{name}: {by_member[name].n} frames, manifest says {n}")
     listing = ShardListing(
-        shard, len(entries), os.path.getsize(path), (member.offset, member.size), records, deps
+        shard, len(entries), out.sizes[shard], (member.offset, member.size), records, deps
     )
     return listing, [e.prefix for e in entries]
 
 
-def _image_listing(out: str, shard: str, rows: pa.Table) -> ShardListing:
-    path = os.path.join(out, shard)
+def _image_listing(out: _Out, shard: str, rows: pa.Table) -> ShardListing:
+    path = out.path(shard)
     try:
-        found = find_image_index(path)
-    except (ArchiveError, IndexFormatError) as e:
+        source = open_object(path, out.options, {"size": out.sizes[shard]}) if out.remote else path
+        found = find_image_index(source)
+    except (ArchiveError, IndexFormatError, ObjectStoreError) as e:
         raise MergeError(f"{path}: {e}") from None
     if found is None:
         raise MergeError(f"{path}: no image index (not a kohakuclip image shard)")
     member, count = found
     if rows.column("index").to_pylist() != list(range(count)):
         raise MergeError(f"{path}: {count} images in its index, manifest rows disagree")
-    return ShardListing(shard, count, os.path.getsize(path), (member.offset, member.size))
-
-
-def _replace(path: str, data: bytes) -> None:
-    temp = path + TEMP_SUFFIX
-    with open(temp, "wb") as f:
-        f.write(data)
-    os.replace(temp, path)
+    return ShardListing(shard, count, out.sizes[shard], (member.offset, member.size))
 
 
 def merge(out: str | os.PathLike[str]) -> MergeResult:
@@ -124,14 +206,16 @@ def merge(out: str | os.PathLike[str]) -> MergeResult:
     ``out`` (see the module doc).
 
     Args:
-        out: the folder the parts (or a single run) wrote into.
+        out: the folder the parts (or a single run) wrote into, or the object-store URL prefix
+            they uploaded to.
 
     Raises:
-        MergeError: a part missing or unfinished, or a shard that disagrees with its manifest.
+        MergeError: a part missing or unfinished, a shard that disagrees with its manifest, or
+            an object store that cannot be read or written.
     """
-    out = os.fspath(out)
-    runs = _runs(out)
-    tables = [pq.read_table(os.path.join(out, r.manifest)) for r in runs]
+    folder = _Out.open(os.fspath(out))
+    runs = _runs(folder)
+    tables = [folder.table(r.manifest) for r in runs]
     table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
     table = table.sort_by([("shard", "ascending"), ("index", "ascending")])
     kind = _kind(table)
@@ -141,13 +225,13 @@ def merge(out: str | os.PathLike[str]) -> MergeResult:
     prefixes: list[str] = []
     for shard, start, end in zip(shard_runs.values.to_pylist(), [0, *ends[:-1]], ends):
         rows = table.slice(start, end - start)
-        if not os.path.isfile(os.path.join(out, shard)):
-            raise MergeError(f"{out}: {shard} is in a manifest but missing")
+        if shard not in folder.sizes:
+            raise MergeError(f"{folder.root}: {shard} is in a manifest but missing")
         if kind == "video":
-            listing, shard_prefixes = _video_listing(out, shard, rows)
+            listing, shard_prefixes = _video_listing(folder, shard, rows)
             prefixes.extend(shard_prefixes)
         else:
-            listing = _image_listing(out, shard, rows)
+            listing = _image_listing(folder, shard, rows)
         listings.append(listing)
     if kind == "video":  # the decoder prefix as the index has it (older manifests lack it)
         column = pa.array(prefixes, pa.string())
@@ -155,19 +239,23 @@ def merge(out: str | os.PathLike[str]) -> MergeResult:
             table = table.set_column(table.column_names.index("prefix"), "prefix", column)
         else:
             table = table.append_column("prefix", column)
-    temp = os.path.join(out, MANIFEST_FILE + TEMP_SUFFIX)
-    pq.write_table(table, temp)
-    os.replace(temp, os.path.join(out, MANIFEST_FILE))
+    encoded = io.BytesIO()
+    pq.write_table(table, encoded)
+    folder.replace(MANIFEST_FILE, encoded.getvalue())
     if runs[0].part is not None:
         lines: list[bytes] = []
         for r in runs:
-            skipped = os.path.join(out, r.skipped)
-            if os.path.isfile(skipped):
-                with open(skipped, "rb") as f:
-                    lines.extend(line for line in f.read().splitlines(keepends=True) if line)
-        _replace(os.path.join(out, SKIPPED_FILE), b"".join(lines))
+            if r.skipped in folder.sizes:
+                data = folder.read(r.skipped)
+                lines.extend(line for line in data.splitlines(keepends=True) if line)
+        folder.replace(SKIPPED_FILE, b"".join(lines))
     view = DatasetView(kind, listings)
-    _replace(view_path(out), dump_view(view))
+    folder.replace(DATASET_FILE, dump_view(view))
     return MergeResult(
-        view_path(out), kind, len(listings), view.count, sum(s.bytes for s in listings), len(runs)
+        folder.path(DATASET_FILE),
+        kind,
+        len(listings),
+        view.count,
+        sum(s.bytes for s in listings),
+        len(runs),
     )
