@@ -318,6 +318,7 @@ def test_write_images_to_a_bucket_then_resume(s3, media, tmp_path):
     photos.mkdir()
     for i in range(2):
         Image.fromarray(photo(70, 90, seed=20 + i)).save(photos / f"{i}.jpg", quality=90)
+    (photos / "1.txt").write_text("the second photo")
     common = ["--max-short", "48", "--min-short", "0", "--no-progress", str(photos)]
     assert write_images_main([str(tmp_path / "local"), *common]) == 0
     url = f"s3://{BUCKET}/written/"
@@ -327,8 +328,13 @@ def test_write_images_to_a_bucket_then_resume(s3, media, tmp_path):
     assert "written/shard_00000.zip" in names and "written/manifest.parquet" in names
     with ImageReader(str(tmp_path / "local"), size=32) as r:
         want = r.read(range(len(r)), seed=1).image
+        local = [r.metadata(i) for i in range(len(r))]
+    assert [m["caption"] for m in local] == [None, "the second photo"]
     with ImageReader(url, size=32) as r:
         np.testing.assert_array_equal(r.read(range(len(r)), seed=1).image, want)
+        assert [r.metadata(i) for i in range(len(r))] == local  # the manifest beside, by URL
+    with ImageReader(f"s3://{BUCKET}/images/shard_00000.zip") as r:  # none beside it
+        assert r.metadata(0) == {"key": None, "caption": None, "meta": None}
     before = request_counts()
     assert write_images_main([url, "--staging", staging, "--resume", *common]) == 0
     assert request_counts()["requests"] - before["requests"] == 1  # the listing: nothing new
@@ -346,6 +352,7 @@ def videos(tmp_path_factory: pytest.TempPathFactory) -> str:
     root = tmp_path_factory.mktemp("videos")
     for i in range(3):
         make_video(VideoSpec(width=96, height=64, frames=24, seed=30 + i), str(root / f"v{i}.mp4"))
+    (root / "v1.txt").write_text("the second video")  # a caption, kept in the manifest
     return str(root)
 
 
@@ -401,6 +408,13 @@ def test_write_videos_to_a_bucket_then_resume(s3, videos, local_write, tmp_path)
     for name in names:  # bit for bit the local run's files
         assert _bucket_reader(s3, "videos/")(name) == _local_reader(local_write)(name), name
     np.testing.assert_array_equal(_video_clips(url), _video_clips(local_write))
+    # the manifest beside the remote shards gives the same metadata as the local one
+    with Reader(local_write) as here, Reader(url) as there:
+        metas = [here.info(v).meta for v in range(len(here))]
+        assert metas[1] == {"caption": "the second video"}
+        assert [there.info(v).meta for v in range(len(there))] == metas
+    with Reader(f"s3://{BUCKET}/shards/av1.zip") as r:  # no manifest beside it: none
+        assert r.info(0).meta == {}
     before = request_counts()
     assert write_main([url, "--staging", staging, "--resume", videos, *WRITE_ARGS]) == 0
     assert request_counts()["requests"] - before["requests"] == 1  # the listing: nothing new

@@ -281,11 +281,9 @@ class ImageCatalog:
                 "caption": caption if isinstance(caption, str) else None,
                 "meta": meta,
             }
-        if src.remote:
-            return {"key": None, "caption": None, "meta": None}
         with self._lock:
             if self._manifest is None:
-                self._manifest = ImageManifest()
+                self._manifest = ImageManifest(lambda url: self.objects.fetch_whole(url))
             manifest = self._manifest
         row = manifest.lookup(src.path, k) or {}
         return {"key": row.get("key"), "caption": row.get("caption"), "meta": row.get("meta")}

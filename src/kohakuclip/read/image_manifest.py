@@ -7,22 +7,20 @@ sorted by (shard, index), and looked up by position: no per-row Python objects.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from kohakuclip.formats import MANIFEST_FILE
+from kohakuclip.storage.manifest import Fetch, read_manifest, shard_location
 
 _COLUMNS = ["shard", "index", "key", "caption", "json"]
 
 
 class _Table:
-    def __init__(self, path: str) -> None:
-        table = pq.read_table(path, columns=_COLUMNS)
+    def __init__(self, table: pa.Table) -> None:
         self.table = table.sort_by([("shard", "ascending"), ("index", "ascending")])
         runs = pc.run_end_encode(self.table.column("shard").combine_chunks())
         ends = runs.run_ends.to_numpy()
@@ -32,25 +30,31 @@ class _Table:
 
 
 class ImageManifest:
-    """Lookup of (shard path, index in shard) -> key, caption and parsed json sidecar."""
+    """Lookup of (shard path or URL, index in shard) -> key, caption and parsed json sidecar.
 
-    def __init__(self) -> None:
+    Args:
+        fetch: reads a remote manifest (for shards given by URL); without it they have none.
+    """
+
+    def __init__(self, fetch: Fetch | None = None) -> None:
+        self._fetch = fetch
         self._tables: dict[str, _Table | None] = {}
         self._lock = threading.Lock()
 
     def _table(self, directory: str) -> _Table | None:
         with self._lock:
             if directory not in self._tables:
-                path = os.path.join(directory, MANIFEST_FILE)
-                self._tables[directory] = _Table(path) if os.path.isfile(path) else None
+                table = read_manifest(directory, _COLUMNS, self._fetch)
+                self._tables[directory] = None if table is None else _Table(table)
             return self._tables[directory]
 
     def lookup(self, shard: str, index: int) -> dict[str, Any] | None:
         """The manifest row of one stored image, or None when there is none."""
-        table = self._table(os.path.dirname(os.path.abspath(shard)))
+        directory, name = shard_location(shard)
+        table = self._table(directory)
         if table is None:
             return None
-        start = table.starts.get(os.path.basename(shard))
+        start = table.starts.get(name)
         pos = None if start is None else start + index
         if pos is None or pos >= len(table.index) or table.index[pos] != index:
             return None

@@ -148,7 +148,7 @@ class Catalog:
     ) -> None:
         self._analyze = analyze_av1
         self._gulp_fps = gulp_fps
-        self._manifests = VideoManifests()
+        self._manifests = VideoManifests(lambda url: self.objects.fetch_whole(url))
         self._open_files = open_files
         self._pid = os.getpid()
         self.files = FileCache(open_files)
@@ -640,7 +640,7 @@ class Catalog:
         src = self.sources[ref.source]
         if src.gulp is not None:
             return dict(src.gulp.meta(src.gulp.position(ref.member)))
-        if src.kind in ("zip", "tar") and not src.remote:
+        if src.kind in ("zip", "tar"):
             return self._manifests.lookup(src.path, ref.member)
         return {}
 

@@ -1,23 +1,67 @@
-"""Per-video metadata (caption, label, json sidecar) from the ``manifest.parquet`` beside shards."""
+"""Per-video metadata (caption, label, json sidecar) from the ``manifest.parquet`` beside shards.
+
+A shard in object storage has its manifest beside it too (the same prefix): fetched whole, once
+per prefix, through the caller's ``fetch`` (one HEAD and one GET; none when it is absent).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kohakuclip.formats import MANIFEST_FILE
+from kohakuclip.storage.remote import is_url
+
+Fetch = Callable[[str], "bytes | None"]
+"""Reads a whole remote object by URL; None when there is no such object."""
+
+
+def shard_location(shard: str) -> tuple[str, str]:
+    """(the folder or URL prefix a shard lies in, its name there)."""
+    if is_url(shard):
+        directory, _, name = shard.rpartition("/")
+        return directory, name
+    return os.path.dirname(os.path.abspath(shard)), os.path.basename(shard)
+
+
+def read_manifest(
+    directory: str, columns: Sequence[str] | None, fetch: Fetch | None
+) -> pa.Table | None:
+    """The manifest in ``directory`` (a folder, or a URL prefix read through ``fetch``), or None
+    when there is none there; ``columns``: those of them present (all: None)."""
+    if is_url(directory):
+        data = fetch(directory + "/" + MANIFEST_FILE) if fetch is not None else None
+        if data is None:
+            return None
+        source: Any = pa.BufferReader(data)
+    else:
+        source = os.path.join(directory, MANIFEST_FILE)
+        if not os.path.isfile(source):
+            return None
+    if columns is None:
+        return pq.read_table(source)
+    present = set(pq.read_schema(source).names)
+    return pq.read_table(source, columns=[c for c in columns if c in present])
+
 
 _COLUMNS = ("shard", "member", "caption", "label", "meta")
 
 
 class VideoManifests:
-    """Lookup of (shard path, member) -> metadata, one manifest file read per directory."""
+    """Lookup of (shard path or URL, member) -> metadata, one manifest file read per directory.
 
-    def __init__(self) -> None:
+    Args:
+        fetch: reads a remote manifest (for shards given by URL); without it they have none.
+    """
+
+    def __init__(self, fetch: Fetch | None = None) -> None:
+        self._fetch = fetch
         self._tables: dict[str, dict[tuple[str, str], int] | None] = {}
         self._rows: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -25,13 +69,10 @@ class VideoManifests:
     def _load(self, directory: str) -> dict[tuple[str, str], int] | None:
         with self._lock:
             if directory not in self._tables:
-                path = os.path.join(directory, MANIFEST_FILE)
-                if not os.path.isfile(path):
+                table = read_manifest(directory, _COLUMNS, self._fetch)
+                if table is None:
                     self._tables[directory] = None
                 else:
-                    table = pq.read_table(path)
-                    present = [c for c in _COLUMNS if c in table.column_names]
-                    table = table.select(present)
                     shards = table.column("shard").to_pylist()
                     members = table.column("member").to_pylist()
                     self._tables[directory] = {
@@ -42,11 +83,11 @@ class VideoManifests:
 
     def lookup(self, shard: str, member: str) -> dict[str, Any]:
         """Caption, label and the json sidecar's fields of one video ({} when unknown)."""
-        directory = os.path.dirname(os.path.abspath(shard))
+        directory, name = shard_location(shard)
         positions = self._load(directory)
         if positions is None:
             return {}
-        pos = positions.get((os.path.basename(shard), member))
+        pos = positions.get((name, member))
         if pos is None:
             return {}
         row = self._rows[directory].slice(pos, 1).to_pylist()[0]

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.remote import (
+    MissingObjectError,
     ObjectStoreError,
     RemoteObject,
     is_url,
@@ -106,3 +107,12 @@ class Objects:
         """``length`` bytes at ``offset`` of ``path`` (fewer where the file ends first)."""
         with self.open(path) as f:
             return f.read(offset, length)
+
+    def fetch_whole(self, url: str) -> bytes | None:
+        """The whole object at ``url`` (a small sidecar, e.g. a manifest), None when there is
+        none; other failures raise ``ObjectStoreError``."""
+        try:
+            obj = self.remote(url)
+        except MissingObjectError:
+            return None
+        return obj.read(0, obj.size)

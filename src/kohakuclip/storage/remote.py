@@ -69,6 +69,10 @@ class ObjectStoreError(KohakuClipError, OSError):
     """An object that cannot be read: missing, replaced, refused, or the store unreachable."""
 
 
+class MissingObjectError(ObjectStoreError):
+    """No object at the URL."""
+
+
 def is_url(source: str) -> bool:
     """True for an object-storage URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``)."""
     scheme, sep, _ = source.partition("://")
@@ -116,7 +120,7 @@ def describe_error(url: str, error: BaseException) -> ObjectStoreError:
     text = str(error).split("\n\nDebug source:")[0].strip()
     family = _family(url.partition("://")[0].lower())
     if isinstance(error, FileNotFoundError):
-        return ObjectStoreError(f"{url}: no such object")
+        return MissingObjectError(f"{url}: no such object")
     if isinstance(error, exceptions.PreconditionError):
         return ObjectStoreError(f"{url}: the object changed while it was read (ETag mismatch)")
     if family in CREDENTIAL_VARIABLES and (
