@@ -10,6 +10,7 @@ import io
 import os
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from collections.abc import Callable
@@ -55,6 +56,12 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Media:
     av1 = make_video(VIDEOS["av1.mp4"])
     h264 = make_video(VIDEOS["h264.mp4"])  # moov at the end, as the muxer writes it
     pack(str(root / "av1.zip"), [("av1.mp4", av1), ("h264.mp4", h264)])
+    pack(str(root / "av1.tar"), [("av1.mp4", av1), ("h264.mp4", h264)])
+    with tarfile.open(root / "plain.tar", "w") as plain:  # no index: listed header by header
+        for name, data in (("a.mp4", h264), ("b.mp4", faststart(h264)), ("c.txt", b"text")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            plain.addfile(info, io.BytesIO(data))
     folder = root / "h264"
     folder.mkdir()
     (folder / "a_moov_at_end.mp4").write_bytes(h264)
@@ -71,6 +78,8 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Media:
             chunk.add(f"clip{k}", {"fps": 8}, [photo(40, 56, seed=10 + k + i) for i in range(12)])
     files = {
         "shards/av1.zip": (root / "av1.zip").read_bytes(),
+        "tars/av1.tar": (root / "av1.tar").read_bytes(),
+        "tars/plain.tar": (root / "plain.tar").read_bytes(),
         "h264/a_moov_at_end.mp4": h264,
         "h264/b_faststart.mp4": faststart(h264),
         "images/shard_00000.zip": (root / "images" / "shard_00000.zip").read_bytes(),
@@ -129,6 +138,64 @@ def test_s3_av1_shard_bit_for_bit(s3, media, compiled):
     got, remote_videos = _clips(f"s3://{BUCKET}/shards/av1.zip", compiled)
     assert remote_videos == videos
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_s3_tar_shards_bit_for_bit(s3, media, compiled):
+    root = os.path.dirname(media.av1_shard)
+    want, videos = _clips(media.av1_shard, compiled)
+    before = request_counts()
+    with Reader(f"s3://{BUCKET}/tars/av1.tar", size=24):
+        # HEAD, the tail (holding the index's header), the index header and body: no walk of
+        # the tar headers
+        assert request_counts()["requests"] - before["requests"] <= 4
+    local, local_videos = _clips(os.path.join(root, "av1.tar"), compiled)
+    got, remote_videos = _clips(f"s3://{BUCKET}/tars/av1.tar", compiled)
+    assert remote_videos == local_videos == videos
+    np.testing.assert_array_equal(local, want)
+    np.testing.assert_array_equal(got, want)
+    # an index-less tar: its members listed by ranged reads, moov found in each
+    plain, plain_videos = _clips(os.path.join(root, "plain.tar"), compiled)
+    got, remote_videos = _clips(f"s3://{BUCKET}/tars/plain.tar", compiled)
+    assert remote_videos == plain_videos == [("a.mp4", 24), ("b.mp4", 24)]
+    np.testing.assert_array_equal(got, plain)
+
+
+def test_tar_shards_under_a_prefix_and_by_http(s3, http, media):
+    want, _ = _clips(os.path.join(os.path.dirname(media.av1_shard), "av1.tar"))
+    with Reader(f"s3://{BUCKET}/tars/", size=24) as r:
+        found = [(r.info(v).source, r.info(v).member) for v in range(len(r))]
+    assert found == [
+        (f"s3://{BUCKET}/tars/av1.tar", "av1.mp4"),
+        (f"s3://{BUCKET}/tars/av1.tar", "h264.mp4"),
+        (f"s3://{BUCKET}/tars/plain.tar", "a.mp4"),
+        (f"s3://{BUCKET}/tars/plain.tar", "b.mp4"),
+    ]
+    got, _ = _clips(f"{http[0]}/tars/av1.tar")
+    np.testing.assert_array_equal(got, want)
+
+
+def test_tar_tail_scan_against_tarfile(tmp_path):
+    from kohakuclip.storage.ranged import open_local
+    from kohakuclip.storage.tar import find_tar_last_member, list_tar
+
+    sizes = [0, 1, 511, 512, 513, 70_000, 200_000]  # a last member bigger than the first tail
+    for last in sizes:
+        path = tmp_path / f"{last}.tar"
+        with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as t:
+            for name, data in (
+                ("x", b"\1" * 1000),
+                ("last.bin", bytes(range(256)) * (last // 256) + b"\7" * (last % 256)),
+            ):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+        with open_local(str(path)) as f:
+            assert find_tar_last_member(f) == list_tar(path)[-1] == list_tar(f)[-1], last
+    empty = tmp_path / "empty.tar"
+    tarfile.open(empty, "w").close()
+    with open_local(str(empty)) as f:
+        assert find_tar_last_member(f) is None
 
 
 def test_s3_open_costs_bounded_requests(s3, media):
@@ -198,7 +265,7 @@ def test_missing_object_names_the_url(s3, http):
         Reader(f"s3://{BUCKET}/shards/nope.zip")
     with pytest.raises(SourceError, match=r"/nope\.zip: no such object"):
         Reader(f"{http[0]}/nope.zip")
-    with pytest.raises(SourceError, match="no zip shards or mp4 files"):
+    with pytest.raises(SourceError, match="no zip or tar shards or mp4 files"):
         Reader(f"s3://{BUCKET}/empty-prefix/")
 
 

@@ -180,7 +180,9 @@ def parser() -> argparse.ArgumentParser:
         help="write the dataset view (dataset.json, manifest.parquet, skipped.jsonl) over every "
         "part written into a folder",
     )
-    m.add_argument("out", help="the folder the parts wrote into")
+    m.add_argument(
+        "out", help="the folder the parts wrote into, or the URL prefix they uploaded to"
+    )
     m.set_defaults(run=merge_command)
     return p
 

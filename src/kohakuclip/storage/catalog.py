@@ -51,7 +51,7 @@ from kohakuclip.storage.remote import (
     local_path,
     suffix_of,
 )
-from kohakuclip.storage.tar import list_tar
+from kohakuclip.storage.tar import find_tar_last_member, list_tar
 from kohakuclip.storage.view import ViewError, has_view, load_view
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
 
@@ -222,23 +222,23 @@ class Catalog:
         names = []
         for found, meta in listed:
             suffix = suffix_of(found)
-            if suffix == ".zip":
+            if suffix in (".zip", ".tar"):
                 self.objects.remote(found, meta)
                 self._add_archive(found, remote=True)
             elif suffix in VIDEO_SUFFIXES:
                 self.objects.remote(found, meta)
                 names.append(found[len(url) :])
-            elif suffix in (".tar", ".gulp", ".gmeta"):
+            elif suffix in (".gulp", ".gmeta"):
                 raise SourceError(
-                    f"{found}: only zip shards, mp4 files and gulp directories (a prefix "
+                    f"{found}: only zip and tar shards, mp4 files and gulp directories (a prefix "
                     "holding data_<i>.gulp and meta_<i>.gmeta) are read from URLs"
                 )
         if names:
             sid = len(self.sources)
             self.sources.append(_Source(url, "folder", remote=True))
             self.videos.extend(VideoRef(sid, name) for name in names)
-        elif not any(suffix_of(found) == ".zip" for found, _ in listed):
-            raise SourceError(f"{url}: no zip shards or mp4 files under this prefix")
+        elif not any(suffix_of(found) in (".zip", ".tar") for found, _ in listed):
+            raise SourceError(f"{url}: no zip or tar shards or mp4 files under this prefix")
 
     def _add_remote_gulp(self, url: str, listed: list[tuple[str, dict[str, Any]]]) -> bool:
         """A gulp directory directly under the prefix ``url``; False when there is none."""
@@ -268,9 +268,11 @@ class Catalog:
         src = _Source(path, kind, remote=remote)
         sid = len(self.sources)
         try:
-            if remote and kind == "tar":
-                raise SourceError(f"{path}: only zip shards and mp4 files are read from URLs")
-            if kind == "zip":
+            if remote and kind == "tar":  # the index from the tail, no walk of the headers
+                with self.objects.open(path) as f:
+                    last = find_tar_last_member(f) if self._use_index else None
+                src.index_member = last if last is not None and last.name == INDEX_MEMBER else None
+            elif kind == "zip":
                 with self.objects.open(path) as f:
                     src.index_member = find_zip_member(f, INDEX_MEMBER) if self._use_index else None
             else:
@@ -375,6 +377,9 @@ class Catalog:
                 if src.kind == "zip":
                     with self.objects.open(src.path) as f:
                         listed = list_zip(f)
+                elif src.remote:
+                    with self.objects.open(src.path) as f:
+                        listed = list_tar(f)
                 else:
                     listed = list_tar(src.path)
             except (ArchiveError, ObjectStoreError) as e:
@@ -522,7 +527,7 @@ class Catalog:
                 return path, 0, os.path.getsize(path)
             except OSError as e:
                 raise SourceError(f"{path}: {e.strerror}") from None
-        if src.remote and src.members is None:  # one member, without listing the archive
+        if src.kind == "zip" and src.remote and src.members is None:  # without a listing
             try:
                 with self.objects.open(src.path) as f:
                     member = find_zip_member(f, ref.member, stored_only=False)

@@ -1,4 +1,9 @@
-"""Tar archives: write members, locate member data without extracting."""
+"""Tar archives: write members, locate member data without extracting.
+
+A tar in object storage (any ``RangedFile``) is read by ranges: its index member, the last one
+a ``ShardWriter`` writes, is found from the archive's tail (a few ranged reads, never a walk of
+the headers); an index-less tar is listed header by header (one small read each).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,11 @@ import os
 import tarfile
 from typing import BinaryIO
 
+from kohakuclip.storage.ranged import RangedFile
 from kohakuclip.storage.zip import ArchiveError, Member
+
+_BLOCK = tarfile.BLOCKSIZE
+_TAIL = 1 << 16  # the first tail read; doubled until the last header is in it
 
 
 class TarWriter:
@@ -30,11 +39,82 @@ class TarWriter:
         self._tar.close()
 
 
-def list_tar(path: str | os.PathLike[str]) -> list[Member]:
-    """Every regular file of a tar archive with the absolute offset of its data."""
-    path = os.fspath(path)
+class _RangedReader(io.RawIOBase):
+    """A ``RangedFile`` as the seekable file object ``tarfile`` reads (one read per call)."""
+
+    def __init__(self, f: RangedFile) -> None:
+        self._f = f
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._f.size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self._f.read(self._pos, len(buffer))
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+def list_tar(source: str | os.PathLike[str] | RangedFile) -> list[Member]:
+    """Every regular file of a tar archive (a path, or a ``RangedFile``: one read per header)
+    with the absolute offset of its data."""
+    where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else source.name
     try:
-        with tarfile.open(path, mode="r:") as tar:
+        if isinstance(source, (str, os.PathLike)):
+            tar = tarfile.open(where, mode="r:")
+        else:
+            fileobj = io.BufferedReader(_RangedReader(source), _BLOCK)
+            tar = tarfile.open(fileobj=fileobj, mode="r:")
+        with tar:
             return [Member(m.name, m.offset_data, m.size) for m in tar.getmembers() if m.isfile()]
     except (tarfile.TarError, OSError, EOFError) as e:
-        raise ArchiveError(f"{path}: cannot read tar archive ({e})") from None
+        raise ArchiveError(f"{where}: cannot read tar archive ({e})") from None
+
+
+def _header(block: bytes) -> tarfile.TarInfo | None:
+    if block[257:262] != b"ustar":
+        return None
+    try:
+        return tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except tarfile.HeaderError:
+        return None
+
+
+def find_tar_last_member(f: RangedFile) -> Member | None:
+    """The last regular file of a tar archive, found from its tail: the highest header whose
+    data reaches the end of the archive's content (the zero blocks after it); None for an empty
+    archive or one not ending that way. Reads a tail of 64 KiB, doubled until the header is in
+    it."""
+    size = f.size
+    window = min(size, _TAIL)
+    while True:
+        start = size - window
+        tail = f.read(start, window)
+        content_end = start + len(tail.rstrip(b"\0"))
+        first = (start + _BLOCK - 1) // _BLOCK * _BLOCK
+        last = (content_end - 1) // _BLOCK * _BLOCK
+        for offset in range(last, first - 1, -_BLOCK):
+            info = _header(tail[offset - start : offset - start + _BLOCK])
+            if info is None:
+                continue
+            data = offset + _BLOCK
+            if data + info.size < content_end or data + info.size > size:
+                continue  # a block inside the data that looks like a header
+            if not info.isfile():
+                return None
+            return Member(info.name, data, info.size)
+        if window == size:
+            return None
+        window = min(size, window * 2)
