@@ -547,6 +547,14 @@ def test_parts_written_to_a_bucket_then_merged_equal_a_local_run(s3, videos, loc
     want = _stored_videos(_local_reader(local_write))
     assert _stored_videos(_bucket_reader(s3, "parts/")) == want  # same videos, frames, AV1 bytes
     np.testing.assert_array_equal(_video_clips(url), _video_clips(local_write))
+    before = request_counts()
+    with Reader(url) as r:  # the view: the listing, dataset.json and the manifest; no shard
+        assert request_counts()["requests"] - before["requests"] == 3
+        assert [r.info(v).n for v in range(len(r))] == [24, 24, 24]
+    for name in ("dataset.json", "manifest.parquet"):  # a view whose shards are gone
+        obstore.put(s3, "view-gone/" + name, _bucket_reader(s3, "parts/")(name))
+    with pytest.raises(SourceError, match="listed in the dataset view, but no such object"):
+        Reader(f"s3://{BUCKET}/view-gone/")
     # the same as a local merge of the same parts; the view, downloaded, reads like the local run
     down, again = tmp_path / "down", tmp_path / "again"
     down.mkdir()

@@ -17,10 +17,12 @@ import os
 import struct
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kohakuclip.codecs.av1 import Av1Deps, Av1ParseError, analyze, sample_rows
@@ -29,6 +31,7 @@ from kohakuclip.formats import (
     AV1_DEPS_KEY,
     AV1_DEPS_MAGIC,
     AV1_FRAME_RECORD,
+    DATASET_FILE,
     FLAG_KEYFRAME,
     FRAME_RECORD,
     INDEX_MEMBER,
@@ -52,7 +55,7 @@ from kohakuclip.storage.remote import (
     suffix_of,
 )
 from kohakuclip.storage.tar import find_tar_last_member, list_tar
-from kohakuclip.storage.view import ViewError, has_view, load_view
+from kohakuclip.storage.view import ViewError, has_view, load_view, parse_view
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
 
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov")
@@ -217,6 +220,9 @@ class Catalog:
                 self._add_archive(url, remote=True)
             return
         listed = list_objects(url, self.objects.options)
+        if any(found == url + DATASET_FILE for found, _ in listed):  # a merged dataset view
+            self._add_view(url, dict(listed))
+            return
         if self._add_remote_gulp(url, listed):
             return
         names = []
@@ -292,17 +298,31 @@ class Catalog:
                 if name.lower().endswith(VIDEO_SUFFIXES)
             )
 
-    def _add_view(self, root: str) -> None:
-        """Every shard of a dataset view, each video's entry from the merged manifest."""
+    def _add_view(self, root: str, listed: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """Every shard of a dataset view, each video's entry from the merged manifest: a
+        folder's, or (given ``listed``, its objects: URL -> listing entry) a URL prefix's, read
+        with one GET each for the view and the manifest."""
+        remote = listed is not None
         try:
-            view = load_view(root)
-        except ViewError as e:
+            if listed is not None:
+                where = root + DATASET_FILE
+                obj = self.objects.remote(where, listed[where])
+                view = parse_view(obj.read(0, obj.size), where)
+            else:
+                view = load_view(root)
+        except (ViewError, ObjectStoreError) as e:
             raise SourceError(str(e)) from None
-        manifest = os.path.join(root, view.manifest)
+        manifest = root + view.manifest if remote else os.path.join(root, view.manifest)
         if view.kind != "video":
             raise SourceError(f"{root}: a dataset view of {view.kind}s, not videos")
         try:
-            table = pq.read_table(manifest, columns=_VIEW_COLUMNS)
+            if listed is not None:
+                if manifest not in listed:
+                    raise FileNotFoundError("no such object")
+                obj = self.objects.remote(manifest, listed[manifest])
+                table = pq.read_table(pa.BufferReader(obj.read(0, obj.size)), columns=_VIEW_COLUMNS)
+            else:
+                table = pq.read_table(manifest, columns=_VIEW_COLUMNS)
         except (OSError, KeyError, ValueError) as e:
             raise SourceError(f"{manifest}: cannot read the merged manifest ({e})") from None
         table = table.sort_by([("shard", "ascending"), ("index", "ascending")])
@@ -315,10 +335,16 @@ class Catalog:
                 raise SourceError(f"{manifest}: rows disagree with the view's {shard.name}")
             kind = "tar" if shard.name.endswith(".tar") else "zip"
             sid = len(self.sources)
+            path = root + shard.name if remote else os.path.join(root, shard.name)
+            if listed is not None:
+                if path not in listed:
+                    raise SourceError(f"{path}: listed in the dataset view, but no such object")
+                self.objects.remote(path, listed[path])
             self.sources.append(
                 _Source(
-                    os.path.join(root, shard.name),
+                    path,
                     kind,
+                    remote=remote,
                     index_member=Member(INDEX_MEMBER, *shard.index),
                     records_start=shard.records,
                     deps_start=shard.deps,

@@ -85,7 +85,17 @@ def load_view(directory: str) -> DatasetView:
     where = view_path(directory)
     try:
         with open(where, "rb") as f:
-            raw = json.load(f)
+            data = f.read()
+    except OSError as e:
+        raise ViewError(f"{where}: cannot read the dataset view ({e})") from None
+    return parse_view(data, where)
+
+
+def parse_view(data: bytes, where: str) -> DatasetView:
+    """Parse the text of a dataset view read from ``where`` (ViewError naming it when it is not
+    one)."""
+    try:
+        raw = json.loads(data)
         if raw.get("format") != DATASET_FORMAT or raw.get("version") != 1:
             raise ViewError(f"{where}: not a {DATASET_FORMAT} (version 1)")
         kind = raw["kind"]
