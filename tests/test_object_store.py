@@ -71,6 +71,9 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Media:
     for i in range(3):
         Image.fromarray(photo(90 + 10 * i, 120, seed=i)).save(photos / f"{i}.jpg", quality=90)
     write_images(root / "images", [photos], quality=90, max_short=64, min_short=0, progress=False)
+    with tarfile.open(root / "photos.tar", "w") as tar:  # a WebDataset-style tar of JPEGs
+        for i in range(3):
+            tar.add(photos / f"{i}.jpg", f"{i:04d}.jpg")
     gulp = root / "gulp"
     gulp.mkdir()
     with ChunkBuilder(str(gulp / "data_0.gulp"), str(gulp / "meta_0.gmeta")) as chunk:
@@ -80,6 +83,7 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Media:
         "shards/av1.zip": (root / "av1.zip").read_bytes(),
         "tars/av1.tar": (root / "av1.tar").read_bytes(),
         "tars/plain.tar": (root / "plain.tar").read_bytes(),
+        "imagetar/photos.tar": (root / "photos.tar").read_bytes(),
         "h264/a_moov_at_end.mp4": h264,
         "h264/b_faststart.mp4": faststart(h264),
         "images/shard_00000.zip": (root / "images" / "shard_00000.zip").read_bytes(),
@@ -249,6 +253,23 @@ def test_s3_image_shard_bit_for_bit(s3, media, compiled):
             batches.append(r.read(range(len(r)), seed=5).image)
             assert len(r) == 3
     np.testing.assert_array_equal(batches[1], batches[0])
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_s3_image_tar_bit_for_bit(s3, media, compiled):
+    local = os.path.join(os.path.dirname(media.image_shard), "..", "photos.tar")
+    batches = []
+    for source in (local, f"s3://{BUCKET}/imagetar/photos.tar", f"s3://{BUCKET}/imagetar/"):
+        with ImageReader(source, size=32, hflip=0.5, threads=2) as r:
+            r._compiled = compiled
+            assert [r._catalog.member(i) for i in range(len(r))] == [
+                "0000.jpg",
+                "0001.jpg",
+                "0002.jpg",
+            ]
+            batches.append(r.read(range(len(r)), seed=5).image)
+    np.testing.assert_array_equal(batches[1], batches[0])
+    np.testing.assert_array_equal(batches[2], batches[0])
 
 
 def test_http_and_file_urls(http, media):

@@ -7,10 +7,11 @@ tars, folder trees) are listed once; their images' sizes and codecs come from th
 image is read or ``info`` asks. A GulpIO directory gives one image per stored frame (image gulps
 hold one frame per id, video gulps every frame), located through its flat ``GulpIndex``. A
 folder with a dataset view (``dataset.json``, from ``kohakuclip merge``) gives its shards in the
-view's order, each opened from the view's index location without reading the shard. Zip shards
-and image files may also be objects in object storage (``storage.remote``; a URL ending in ``/``
-lists the shards or images under it): an indexed remote shard's table is read once whole
-instead of mapped.
+view's order, each opened from the view's index location without reading the shard. Zip and tar
+shards and image files may also be objects in object storage (``storage.remote``; a URL ending
+in ``/`` lists the shards or images under it): an indexed remote shard's table is read once
+whole instead of mapped; a remote tar (e.g. WebDataset's) is listed header by header, one
+ranged read per member.
 """
 
 from __future__ import annotations
@@ -181,21 +182,27 @@ class ImageCatalog:
         shards, names = [], []
         for name, meta in found:
             self.objects.remote(name, meta)
-            if suffix_of(name) == ".zip":
+            if suffix_of(name) in (".zip", ".tar"):
                 shards.append(self._open_object(name, use_index))
             elif name.lower().endswith(IMAGE_SUFFIXES):
                 names.append(name[len(url) :])
         if names:
             shards.append(_Source(url, "folder", len(names), names=names, remote=True))
         if not shards:
-            raise ImageSourceError(f"{url}: no zip shards or images under this prefix")
+            raise ImageSourceError(f"{url}: no zip or tar shards or images under this prefix")
         return shards
 
     def _open_object(self, url: str, use_index: bool) -> _Source:
-        if suffix_of(url) != ".zip":
-            raise ImageSourceError(f"{url}: only zip shards and image files are read from URLs")
+        if suffix_of(url) not in (".zip", ".tar"):
+            raise ImageSourceError(
+                f"{url}: only zip and tar shards and image files are read from URLs"
+            )
         obj = self.objects.remote(url)
         try:
+            if suffix_of(url) == ".tar":  # e.g. a WebDataset tar: listed header by header
+                tar = self._plain(url, "tar", list_tar(obj))
+                tar.remote = True
+                return tar
             found = find_image_index(obj) if use_index else None
             if found is not None:
                 src = _Source(url, "indexed", found[1], index_member=found[0], remote=True)
