@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -520,9 +521,14 @@ def _env_with_src() -> dict[str, str]:
 def test_killed_video_writer_leaves_nothing_half_written(s3, videos, local_write, tmp_path):
     from kohakuclip.write.cli import main as write_main
 
+    # the same videos, then a FIFO that sorts last: the writer blocks reading it, so it is
+    # killed mid-run at a known point (every real video's shard finished, the run not)
+    sources = tmp_path / "sources"
+    shutil.copytree(videos, sources)
+    os.mkfifo(sources / "zz.mp4")
     url = f"s3://{BUCKET}/killed/"
     staging = tmp_path / "staging"
-    command = [sys.executable, "-m", "kohakuclip.write.cli", url, videos, "--staging"]
+    command = [sys.executable, "-m", "kohakuclip.write.cli", url, str(sources), "--staging"]
     proc = subprocess.Popen(
         [*command, str(staging), *WRITE_ARGS],
         env=_env_with_src(),
@@ -531,21 +537,27 @@ def test_killed_video_writer_leaves_nothing_half_written(s3, videos, local_write
     )
     try:
         deadline = time.monotonic() + WRITE_TIMEOUT
-        while not list(staging.glob("shard_*.zip")) and proc.poll() is None:
+        while len(list(staging.glob("shard_*.zip"))) < 3 and proc.poll() is None:
             assert time.monotonic() < deadline, "the writer wrote no shard in time"
             time.sleep(0.02)
         assert proc.poll() is None, "the writer finished before it could be killed"
-        proc.kill()  # mid-run: one shard finished, the others not yet
+        proc.kill()
         proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
-    assert _bucket_names(s3, "killed/") == []  # nothing visible, not even the finished shard
-    assert write_main([url, "--staging", str(staging), "--resume", videos, *WRITE_ARGS]) == 0
+    assert _bucket_names(s3, "killed/") == []  # nothing visible, not even the finished shards
+    os.remove(sources / "zz.mp4")
+    resume = [url, "--staging", str(staging), "--resume", str(sources), *WRITE_ARGS]
+    assert write_main(resume) == 0
     assert _bucket_names(s3, "killed/") == sorted(os.listdir(local_write))
-    want = _stored_videos(_local_reader(local_write))
-    assert _stored_videos(_bucket_reader(s3, "killed/")) == want
+
+    def by_name(stored: dict[str, tuple[int, bytes]]) -> dict[str, tuple[int, bytes]]:
+        return {os.path.basename(k): v for k, v in stored.items()}
+
+    want = by_name(_stored_videos(_local_reader(local_write)))
+    assert by_name(_stored_videos(_bucket_reader(s3, "killed/"))) == want
 
 
 def test_parts_written_to_a_bucket_then_merged_equal_a_local_run(s3, videos, local_write, tmp_path):
