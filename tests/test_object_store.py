@@ -601,3 +601,30 @@ def test_parts_written_to_a_bucket_then_merged_equal_a_local_run(s3, videos, loc
     for name in ("dataset.json", "manifest.parquet", "skipped.jsonl"):
         assert (down / name).read_bytes() == (again / name).read_bytes(), name
     np.testing.assert_array_equal(_video_clips(str(down)), _video_clips(local_write))
+
+
+def test_image_parts_written_to_a_bucket_then_merged(s3, tmp_path):
+    import json
+
+    from kohakuclip.write.image_cli import main as write_images_main
+    from kohakuclip.write.merge import merge
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(3):
+        Image.fromarray(photo(60, 80, seed=40 + i)).save(photos / f"{i}.jpg", quality=90)
+    common = ["--max-short", "48", "--min-short", "0", "--no-progress", str(photos)]
+    assert write_images_main([str(tmp_path / "local"), *common]) == 0
+    url = f"s3://{BUCKET}/imageparts/"
+    for part in ("0/2", "1/2"):
+        assert write_images_main([url, "--part", part, *common]) == 0
+    result = merge(url)
+    assert (result.kind, result.count, result.parts) == ("image", 3, 2)
+    view = json.loads(_bucket_reader(s3, "imageparts/")("dataset.json"))
+    assert [s["name"] for s in view["shards"]] == [
+        n for n in _bucket_names(s3, "imageparts/") if ".shard_" in n
+    ]
+    with ImageReader(str(tmp_path / "local"), size=32) as r:
+        want = r.read(range(len(r)), seed=2).image
+    with ImageReader(url, size=32) as r:
+        np.testing.assert_array_equal(r.read(range(len(r)), seed=2).image, want)
