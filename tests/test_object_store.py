@@ -27,6 +27,7 @@ from servers import http_server, s3_server, weed_binary
 
 from kohakuclip import ClipError, ImageReader, Reader, pack
 from kohakuclip.mp4.faststart import faststart
+from kohakuclip.read.image_catalog import ImageSourceError
 from kohakuclip.storage.catalog import SourceError
 from kohakuclip.storage.remote import request_counts
 
@@ -626,5 +627,13 @@ def test_image_parts_written_to_a_bucket_then_merged(s3, tmp_path):
     ]
     with ImageReader(str(tmp_path / "local"), size=32) as r:
         want = r.read(range(len(r)), seed=2).image
+    before = request_counts()
     with ImageReader(url, size=32) as r:
+        assert request_counts()["requests"] - before["requests"] == 2  # listing, dataset.json
         np.testing.assert_array_equal(r.read(range(len(r)), seed=2).image, want)
+        assert [r.metadata(i)["key"] for i in range(3)] == ["0", "1", "2"]
+    obstore.put(s3, "imageparts/dataset.json", _bucket_reader(s3, "imageparts/")("dataset.json"))
+    shard = next(n for n in _bucket_names(s3, "imageparts/") if ".shard_" in n)
+    obstore.put(s3, "imageparts/" + shard, _bucket_reader(s3, "imageparts/")(shard) + b"\0")
+    with pytest.raises(ImageSourceError, match="changed since `kohakuclip merge`"):
+        ImageReader(url)

@@ -10,8 +10,9 @@ folder with a dataset view (``dataset.json``, from ``kohakuclip merge``) gives i
 view's order, each opened from the view's index location without reading the shard. Zip and tar
 shards and image files may also be objects in object storage (``storage.remote``; a URL ending
 in ``/`` lists the shards or images under it): an indexed remote shard's table is read once
-whole instead of mapped; a remote tar (e.g. WebDataset's) is listed header by header, one
-ranged read per member.
+whole instead of mapped (a prefix holding a dataset view opens no shard: each table is read
+when first used); a remote tar (e.g. WebDataset's) is listed header by header, one ranged read
+per member.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import os
 import threading
 import zlib
 from bisect import bisect_right
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from kohakuclip.errors import KohakuClipError
-from kohakuclip.formats import IMAGE_CODECS, INDEX_MEMBER, SHARD_SUFFIXES
+from kohakuclip.formats import DATASET_FILE, IMAGE_CODECS, INDEX_MEMBER, SHARD_SUFFIXES
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.read.image_manifest import ImageManifest
@@ -50,7 +52,7 @@ from kohakuclip.storage.remote import (
     suffix_of,
 )
 from kohakuclip.storage.tar import list_tar
-from kohakuclip.storage.view import ViewError, has_view, load_view
+from kohakuclip.storage.view import ViewError, has_view, load_view, parse_view
 from kohakuclip.storage.zip import ArchiveError, Member, list_zip
 from kohakuclip.write.image_sources import IMAGE_SUFFIXES
 
@@ -179,6 +181,8 @@ class ImageCatalog:
         if not url.endswith("/"):
             return [self._open_object(url, use_index)]
         found = list_objects(url, self.objects.options)
+        if any(name == url + DATASET_FILE for name, _ in found):  # a merged dataset view
+            return self._open_remote_view(url, dict(found))
         shards, names = [], []
         for name, meta in found:
             self.objects.remote(name, meta)
@@ -191,6 +195,32 @@ class ImageCatalog:
         if not shards:
             raise ImageSourceError(f"{url}: no zip or tar shards or images under this prefix")
         return shards
+
+    def _open_remote_view(self, url: str, listed: Mapping[str, Mapping[str, Any]]) -> list[_Source]:
+        """Every shard of the dataset view under the prefix ``url`` (``listed``: its objects,
+        URL -> listing entry): one GET for the view; each shard's table read when first used."""
+        where = url + DATASET_FILE
+        obj = self.objects.remote(where, listed[where])
+        try:
+            view = parse_view(obj.read(0, obj.size), where)
+        except ViewError as e:
+            raise ImageSourceError(str(e)) from None
+        if view.kind != "image":
+            raise ImageSourceError(f"{url}: a dataset view of {view.kind}s, not images")
+        sources = []
+        for s in view.shards:
+            path = url + s.name
+            if path not in listed:
+                raise ImageSourceError(f"{path}: listed in the dataset view, but no such object")
+            if int(listed[path]["size"]) != s.bytes:
+                raise ImageSourceError(
+                    f"{path}: {listed[path]['size']} bytes, the dataset view says {s.bytes} "
+                    "(changed since `kohakuclip merge`: merge again)"
+                )
+            self.objects.remote(path, listed[path])
+            member = Member(INDEX_MEMBER, *s.index)
+            sources.append(_Source(path, "indexed", s.count, index_member=member, remote=True))
+        return sources
 
     def _open_object(self, url: str, use_index: bool) -> _Source:
         if suffix_of(url) not in (".zip", ".tar"):
@@ -248,10 +278,18 @@ class ImageCatalog:
     def _records(self, src: _Source) -> np.ndarray:
         if src.records is not None and src.records_pid == -2:  # read whole (remote)
             return src.records
+        if src.remote:  # a shard of a remote dataset view: its table read on first use
+            assert src.index_member is not None
+            try:
+                table = load_image_index(self.objects.remote(src.path), src.index_member)
+            except (ArchiveError, IndexFormatError, ObjectStoreError) as e:
+                raise ImageSourceError(str(e)) from None
+            src.records, src.records_pid = table, -2
+            return table
         if src.records is None or src.records_pid != os.getpid():
-            records = map_image_index(src.path, src.index_member)
-            assert records is not None
-            src.records, src.records_pid = records, os.getpid()
+            mapped = map_image_index(src.path, src.index_member)
+            assert mapped is not None
+            src.records, src.records_pid = mapped, os.getpid()
         return src.records
 
     def source(self, image_id: int) -> str:
