@@ -15,14 +15,15 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kohakuclip.formats import MANIFEST_FILE
+from kohakuclip.formats import MANIFEST_FILE, manifest_columns, manifest_table
 
-_COLUMNS = ["shard", "index", "key", "caption", "json"]
+_COLUMNS = ["shard", "index", "key", "caption", "meta"]
 
 
 class _Table:
     def __init__(self, path: str) -> None:
-        table = pq.read_table(path, columns=_COLUMNS)
+        available = pq.ParquetFile(path).schema_arrow.names
+        table = manifest_table(pq.read_table(path, columns=manifest_columns(available, _COLUMNS)))
         self.table = table.sort_by([("shard", "ascending"), ("index", "ascending")])
         runs = pc.run_end_encode(self.table.column("shard").combine_chunks())
         ends = runs.run_ends.to_numpy()
@@ -55,8 +56,7 @@ class ImageManifest:
         if pos is None or pos >= len(table.index) or table.index[pos] != index:
             return None
         row: dict[str, Any] = table.table.slice(pos, 1).to_pylist()[0]
-        text = row.pop("json")
-        row["meta"] = _parse(text)
+        row["meta"] = _parse(row.get("meta"))
         row.pop("shard")
         return row
 
