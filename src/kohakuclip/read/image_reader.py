@@ -128,6 +128,7 @@ class ImageReader:
     def __init__(
         self,
         sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
         size: int = 256,
         threads: int = 1,
         crop: ImageCrop = "random",

@@ -160,6 +160,7 @@ class Reader:
     def __init__(
         self,
         sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
         size: int = 256,
         mode: OutputMode = "rgb",
         threads: int = 1,
