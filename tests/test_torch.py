@@ -489,7 +489,9 @@ class _ReaderReportingClips(ClipDataset):
 
 
 def test_worker_processes_never_use_the_parents_reader(videos: Path) -> None:
-    ds = _ReaderReportingClips(str(videos), BATCH, FRAMES, size=SIZE, threads=1, with_meta=True)
+    ds = _ReaderReportingClips(
+        str(videos), BATCH, frames=FRAMES, size=SIZE, threads=1, with_meta=True
+    )
     reference = [ds.read_batch(i) for i in range(3)]
     parent = ds._reader
     assert {m["reader"] for _, m in reference} == {id(parent)}
