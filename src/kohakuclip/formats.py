@@ -339,6 +339,12 @@ after the frame records, at the end of the index member. The table cannot be a m
 own: KohakuClip 1.0.0 counts every member but the index as a video, while it ignores both an
 unknown header key and bytes after the records."""
 
+IMAGE_SUFFIXES = (
+    ".jpg", ".jpeg", ".jfif", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff",
+    ".avif", ".jxl", ".heic", ".heif", ".ppm", ".pgm", ".pnm", ".tga", ".qoi",
+)  # fmt: skip
+"""File names (lower case) read as images in folders, plain zips and tars."""
+
 SHARD_SUFFIXES = (".zip", ".tar")
 """Archive sources; a folder holding these and no videos (images) is read as its shards."""
 

@@ -18,7 +18,8 @@ from kohakuclip.decode.image import ImageDecoder, dct_denominator, scaled_window
 from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, Planes, square_crop
 from kohakuclip.decode.video import ClipDecoder, takes_dav1d
 from kohakuclip.errors import KohakuClipError
-from kohakuclip.read.plan import ClipPlan, FrameRangeError, Skip, plan_clip
+from kohakuclip.plan_types import ClipPlan
+from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
 from kohakuclip.read.pool import OwnedPool, Pending, ThreadPool, batch_buffer
 from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator, per_item_keys
