@@ -57,6 +57,12 @@ AVCODEC_ERROR = 7  # as DECODER_ERROR, from libavcodec (detail: its AVERROR)
 
 STAGES = ("read", "decode", "pixels")
 
+Share = tuple[np.ndarray, ...]
+"""The tables (clips, gops, packets, pieces, targets, positions, prefixes, matrices, fetched)."""
+Scratch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+Output = tuple[np.ndarray, Scratch, np.ndarray]
+"""(the batch as uint8 [N, T, frame bytes], ``write_frame``'s scratch, [mode, size, window])."""
+
 
 @cache
 def _load_libc() -> None:
@@ -126,7 +132,7 @@ def _starts_with_sequence_header(buf: np.ndarray, begin: int, end: int) -> bool:
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def _place(
-    clips: np.ndarray,
+    share: Share,
     c: int,
     crop: np.ndarray,
     taps: Any,
@@ -134,15 +140,12 @@ def _place(
     y: np.ndarray,
     u: np.ndarray,
     v: np.ndarray,
-    targets: np.ndarray,
-    positions: np.ndarray,
     written: np.ndarray,
-    matrices: np.ndarray,
-    scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-    settings: np.ndarray,
-    out: np.ndarray,
+    output: Output,
 ) -> None:
     """Write a decoded picture into every output frame of clip ``c`` that shows it."""
+    clips, _, _, _, targets, positions, _, matrices, _ = share
+    out, scratch, settings = output
     for t in range(clips[c, TARGET_FIRST], clips[c, TARGET_END]):
         if targets[t, 0] != display or written[t]:
             continue
@@ -179,31 +182,24 @@ def _missing(clips: np.ndarray, c: int, targets: np.ndarray, written: np.ndarray
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def decode_dav1d(
-    context: int,
-    data: np.ndarray,
-    picture: np.ndarray,
-    clips: np.ndarray,
-    gops: np.ndarray,
-    packets: np.ndarray,
-    pieces: np.ndarray,
-    targets: np.ndarray,
-    positions: np.ndarray,
-    prefixes: np.ndarray,
-    matrices: np.ndarray,
-    scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-    settings: np.ndarray,
-    fetched: np.ndarray,
+    decoder: tuple[int, np.ndarray, np.ndarray],
+    share: Share,
+    output: Output,
     buf: np.ndarray,
-    out: np.ndarray,
     status: np.ndarray,
     seconds: np.ndarray,
 ) -> None:
-    """Decode every clip of the share with libdav1d (``context``); see the module docstring.
+    """Decode every clip of the share with libdav1d; see the module docstring.
 
-    ``settings``: [mode, size, window]; ``out``: the batch as uint8 [N, T, frame bytes];
-    ``status`` [C, 3]: code, detail, pictures produced; ``seconds`` [3]: read, decode, pixels
-    thread CPU nanoseconds (added to).
+    ``decoder``: (context, Dav1dData and Dav1dPicture records); ``share``: the tables
+    (``ShareTables.arrays``); ``output``: (the batch as uint8 [N, T, frame bytes], the scratch
+    of ``write_frame``, [mode, size, window]); ``buf``: the read buffer; ``status`` [C, 3]: code,
+    detail, pictures produced; ``seconds`` [3]: read, decode, pixels thread CPU nanoseconds
+    (added to).
     """
+    context, data, picture = decoder
+    clips, gops, packets, pieces, targets, _, prefixes, _, fetched = share
+    settings = output[2]
     ctx = _voidptr(context)
     data_ptr = _voidptr(data.ctypes.data)
     picture_ptr = _voidptr(picture.ctypes.data)
@@ -270,10 +266,7 @@ def decode_dav1d(
                             p0 = _now(clock)
                             _, y, u, v = _dav1d._picture(picture.reshape((1, -1)), 0)
                             display = words[_dav1d._PICTURE_TIMESTAMP]
-                            _place(
-                                clips, c, crop, taps, display, y, u, v, targets, positions,
-                                written, matrices, scratch, settings, out,
-                            )  # fmt: skip
+                            _place(share, c, crop, taps, display, y, u, v, written, output)
                             in_pixels += _now(clock) - p0
                         _dav1d._picture_unref(picture_ptr)
                         if code != OK:
@@ -304,18 +297,13 @@ def _plane(picture: np.ndarray, field: int, rows: int) -> np.ndarray:
 def _take_frames(
     handle: np.ndarray,
     picture: np.ndarray,
-    clips: np.ndarray,
+    share: Share,
     c: int,
     crop: np.ndarray,
     taps: Any,
-    targets: np.ndarray,
-    positions: np.ndarray,
     written: np.ndarray,
-    matrices: np.ndarray,
-    scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-    settings: np.ndarray,
+    output: Output,
     neutral: np.ndarray,
-    out: np.ndarray,
     counts: np.ndarray,
 ) -> tuple[int, int, int, Any]:
     """Receive every frame the decoder has ready and place the wanted ones.
@@ -347,43 +335,29 @@ def _take_frames(
             v = _plane(picture, _avcodec.V_ADDRESS, (ph + sy) >> sy)
         if crop[6] != sx or crop[7] != sy:
             crop[6], crop[7] = sx, sy
-            taps = frame_taps(crop, settings[0], settings[1])
-        display = picture[_avcodec.PTS]
-        _place(
-            clips, c, crop, taps, display, y, u, v, targets, positions, written, matrices,
-            scratch, settings, out,
-        )  # fmt: skip
+            taps = frame_taps(crop, output[2][0], output[2][1])
+        _place(share, c, crop, taps, picture[_avcodec.PTS], y, u, v, written, output)
         _avcodec.unref_frame(handle)
         counts[1] += _now(clock) - start
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def decode_avcodec(
-    handles: np.ndarray,
-    picture: np.ndarray,
-    clips: np.ndarray,
-    gops: np.ndarray,
-    packets: np.ndarray,
-    pieces: np.ndarray,
-    targets: np.ndarray,
-    positions: np.ndarray,
-    prefixes: np.ndarray,
-    matrices: np.ndarray,
-    scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-    settings: np.ndarray,
-    fetched: np.ndarray,
+    decoders: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    share: Share,
+    output: Output,
     buf: np.ndarray,
-    packet: np.ndarray,
-    neutral: np.ndarray,
-    out: np.ndarray,
     status: np.ndarray,
     seconds: np.ndarray,
 ) -> None:
-    """Decode every clip of the share with libavcodec: ``handles`` [D, 3], one decoder per row
-    (clip column ``DECODER``); samples with a NAL length size become Annex B (the prefix, the
-    parameter sets, in front of each GOP), others are sent as they are (JPEG). ``packet``: a
-    scratch buffer of at least twice the longest read; ``neutral``: a 128-filled plane for
-    gray pictures. The rest as ``decode_dav1d``."""
+    """Decode every clip of the share with libavcodec. ``decoders``: (handles [D, 3], one
+    decoder per row (clip column ``DECODER``); the picture record; a packet buffer of at least
+    twice the longest read; a 128-filled plane for gray pictures). Samples with a NAL length
+    size become Annex B (the prefix, the parameter sets, in front of each GOP), others are sent
+    as they are (JPEG). The rest as ``decode_dav1d``."""
+    handles, picture, packet, neutral = decoders
+    clips, gops, packets, pieces, targets, _, prefixes, _, fetched = share
+    settings = output[2]
     written = np.zeros(len(targets), np.bool_)
     clock = np.zeros(2, np.int64)
     counts = np.zeros(2, np.int64)
@@ -423,9 +397,8 @@ def decode_avcodec(
                 while True:
                     sent = _avcodec.send_packet(handle, packet.ctypes.data, at, packets[k, 2])
                     got, code, detail, taps = _take_frames(
-                        handle, picture, clips, c, crop, taps, targets, positions, written,
-                        matrices, scratch, settings, neutral, out, counts,
-                    )  # fmt: skip
+                        handle, picture, share, c, crop, taps, written, output, neutral, counts
+                    )
                     if code == OK and got < 0:
                         code, detail = AVCODEC_ERROR, got
                     if code != OK or sent != _avcodec.AGAIN:
@@ -441,9 +414,8 @@ def decode_avcodec(
             mark = _now(clock)
             _avcodec.send_packet(handle, 0, 0, 0)
             got, code, detail, taps = _take_frames(
-                handle, picture, clips, c, crop, taps, targets, positions, written, matrices,
-                scratch, settings, neutral, out, counts,
-            )  # fmt: skip
+                handle, picture, share, c, crop, taps, written, output, neutral, counts
+            )
             if code == OK and got < 0:
                 code, detail = AVCODEC_ERROR, got
             decode_ns += _now(clock) - mark
@@ -561,26 +533,28 @@ class ShareTables:
             self._prefix_bytes += len(prefix)
         return self._prefix_rows[prefix]
 
-    def arrays(self) -> dict[str, Any]:
-        """The tables as arrays, and per-share scratch buffers."""
+    def arrays(self) -> tuple[Share, Scratch, np.ndarray]:
+        """The tables as the drivers' ``share`` tuple, the scratch buffers of
+        ``write_frame`` and the settings [mode, size, window]."""
         s = self.size
-        return {
-            "clips": np.array(self.clips, np.int64).reshape(-1, CLIP_FIELDS),
-            "gops": np.array(self.gops, np.int64).reshape(-1, 5),
-            "packets": np.array(self.packets, np.int64).reshape(-1, 3),
-            "pieces": np.array(self.pieces, np.int64).reshape(-1, 2),
-            "targets": np.array(self.targets, np.int64).reshape(-1, 3),
-            "positions": np.array(self.positions, np.int64),
-            "prefixes": np.frombuffer(b"".join(self.prefixes) or b"\0", np.uint8),
-            "matrices": np.array(self.matrices, np.float32).reshape(-1, 3, 4),
-            "scratch": (
-                np.empty((max(self.longest, 2), max(s, self.window)), np.uint8),
-                np.empty((s, s), np.uint8),
-                np.empty((s, s), np.uint8),
-                np.empty((s, s), np.uint8),
-            ),
-            "settings": np.array([MODES.index(self.mode), s, self.window], np.int64),
-        }
+        share = (
+            np.array(self.clips, np.int64).reshape(-1, CLIP_FIELDS),
+            np.array(self.gops, np.int64).reshape(-1, 5),
+            np.array(self.packets, np.int64).reshape(-1, 3),
+            np.array(self.pieces, np.int64).reshape(-1, 2),
+            np.array(self.targets, np.int64).reshape(-1, 3),
+            np.array(self.positions, np.int64),
+            np.frombuffer(b"".join(self.prefixes) or b"\0", np.uint8),
+            np.array(self.matrices, np.float32).reshape(-1, 3, 4),
+            self.fetched,
+        )
+        scratch: Scratch = (
+            np.empty((max(self.longest, 2), max(s, self.window)), np.uint8),
+            np.empty((s, s), np.uint8),
+            np.empty((s, s), np.uint8),
+            np.empty((s, s), np.uint8),
+        )
+        return share, scratch, np.array([MODES.index(self.mode), s, self.window], np.int64)
 
 
 class _Driver:
@@ -610,15 +584,17 @@ class Dav1dClips(_Driver):
         """Decode the share into ``out`` (the batch as uint8 [N, T, frame bytes]; images:
         T = 1); returns the status table [C, 3] (code, detail, pictures produced)."""
         self._room(tables)
-        a = tables.arrays()
         status = np.zeros((len(tables), 3), np.int64)
         decoder = self._decoder
+        share, scratch, settings = tables.arrays()
         decode_dav1d(
-            decoder._handle, decoder._data, decoder._picture, a["clips"], a["gops"],
-            a["packets"], a["pieces"], a["targets"], a["positions"], a["prefixes"],
-            a["matrices"], a["scratch"], a["settings"], tables.fetched, self.buf, out, status,
+            (decoder._handle, decoder._data, decoder._picture),
+            share,
+            (out, scratch, settings),
+            self.buf,
+            status,
             self.seconds,
-        )  # fmt: skip
+        )
         return status
 
 
@@ -643,14 +619,16 @@ class AvcodecClips(_Driver):
         h, w = tables.gray
         if self._neutral.shape[0] < h or self._neutral.shape[1] < w:
             self._neutral = np.full((h, w), 128, np.uint8)
-        a = tables.arrays()
         status = np.zeros((len(tables), 3), np.int64)
+        share, scratch, settings = tables.arrays()
         decode_avcodec(
-            self._handles, self._picture, a["clips"], a["gops"], a["packets"], a["pieces"],
-            a["targets"], a["positions"], a["prefixes"], a["matrices"], a["scratch"],
-            a["settings"], tables.fetched, self.buf, self._packet, self._neutral, out, status,
+            (self._handles, self._picture, self._packet, self._neutral),
+            share,
+            (out, scratch, settings),
+            self.buf,
+            status,
             self.seconds,
-        )  # fmt: skip
+        )
         return status
 
 
