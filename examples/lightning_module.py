@@ -102,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     epochs = args.epoch_batches is not None
     lookahead = 0 if epochs else 1  # Lightning fetches ahead only when the length is unknown
-    loader = ClipLoader(dataset, args.workers, lookahead=lookahead, batches=args.epoch_batches)
+    loader = ClipLoader(
+        dataset, workers=args.workers, lookahead=lookahead, batches=args.epoch_batches
+    )
     checkpoints = ModelCheckpoint(
         dirpath=args.checkpoints,
         filename="step{step}",

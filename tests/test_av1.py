@@ -45,8 +45,11 @@ from kohakuclip.formats import (
     AV1_SHOW_EXISTING,
     AV1_SHOW_FRAME,
     INDEX_MEMBER,
+    VIDEO_INDEX_MAGIC,
+    IndexFormatError,
+    read_index_header,
 )
-from kohakuclip.storage.index import IndexFormatError, VideoIndex
+from kohakuclip.storage.index import VideoIndex
 
 _FILTERS_OFF = "enable-dlf=0:enable-cdef=0"
 STREAMS = {
@@ -438,12 +441,15 @@ def _replace_keep(shard: str, keep: np.ndarray) -> None:
         raw = bytearray(f.read())
         names = struct.unpack_from("<HH", raw, info.header_offset + 26)
         start = info.header_offset + 30 + sum(names)
-        index = VideoIndex.from_buffer(bytes(raw[start : start + info.file_size]))
+        member = bytes(raw[start : start + info.file_size])
+        index = VideoIndex.from_buffer(member)
         frames = index.frames.copy()
         frames["keep"] = keep
-        data = VideoIndex(index.videos, frames).to_bytes()
-        assert len(data) == info.file_size
-        raw[start : start + len(data)] = data
+        records = (
+            start + read_index_header(lambda at, n: member[at : at + n], VIDEO_INDEX_MAGIC).records
+        )
+        raw[records : records + frames.nbytes] = frames.tobytes()  # the reference's header kept
+        data = bytes(raw[start : start + info.file_size])
         crc = zlib.crc32(data)
         struct.pack_into("<I", raw, info.header_offset + 14, crc)
         name = INDEX_MEMBER.encode()

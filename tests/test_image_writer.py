@@ -312,14 +312,14 @@ def test_write_images_every_source_kind(tmp_path):
                                         "single"]  # fmt: skip
     for row in rows:
         px, caption, meta = expected[row["key"]]
-        assert (row["caption"], row["json"]) == (caption, meta)
+        assert (row["caption"], row["meta"]) == (caption, meta)
         assert (row["source_width"], row["source_height"]) == (px.shape[1], px.shape[0])
         shard = out / row["shard"]
         records = map_image_index(shard)
         record = records[row["index"]]
         with zipfile.ZipFile(shard) as z:
             data = z.read(row["member"])
-        assert row["stored_size"] == record["size"] == len(data)
+        assert row["bytes"] == record["size"] == len(data)
         assert (row["width"], row["height"]) == (record["width"], record["height"])
         assert min(row["width"], row["height"]) == 384
         decoded = simplejpeg.decode_jpeg(data)

@@ -255,7 +255,13 @@ def test_mixed_sources_record_their_source_and_keep_their_proportions(
     two_folders: dict[str, str],
 ) -> None:
     ds = ClipDataset(
-        two_folders, 4, FRAMES, size=SIZE, threads=1, weights={"a": 3, "b": 1}, with_meta=True
+        two_folders,
+        4,
+        frames=FRAMES,
+        size=SIZE,
+        threads=1,
+        weights={"a": 3, "b": 1},
+        with_meta=True,
     )
     assert ds.source_sizes() == [2, 3]
     batches = take(ClipLoader(ds), 3)
@@ -273,7 +279,7 @@ def test_mixed_sources_record_their_source_and_keep_their_proportions(
     state = ClipLoader(ds).state_dict()
     assert state["sources"] == {"kind": "videos", "items": [2, 3]}
     # epoch mode: each folder once per epoch, at its own pace
-    epochs = ClipDataset(two_folders, 4, FRAMES, weights=[3, 1], epochs=True, size=SIZE)
+    epochs = ClipDataset(two_folders, 4, frames=FRAMES, weights=[3, 1], epochs=True, size=SIZE)
     ids = np.concatenate([epochs.indices(b) for b in range(10)])
     a, b = ids[ids < 2], ids[ids >= 2]
     assert sorted(a[:2].tolist()) == [0, 1] and sorted(b[:3].tolist()) == [2, 3, 4]
@@ -308,7 +314,9 @@ def test_same_batches_for_any_worker_count(videos: Path, workers: int) -> None:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_indexed_shards_give_the_same_batches_in_workers(shards: list[str], workers: int) -> None:
     def make() -> ClipDataset:
-        return ClipDataset(shards, BATCH, FRAMES, fps=12.0, threads=1, size=SIZE, with_meta=True)
+        return ClipDataset(
+            shards, BATCH, frames=FRAMES, fps=12.0, threads=1, size=SIZE, with_meta=True
+        )
 
     reference = take(ClipLoader(make()), 5)
     assert {m for _, meta in reference for m in meta["source"]} == set(shards)
@@ -481,7 +489,9 @@ class _ReaderReportingClips(ClipDataset):
 
 
 def test_worker_processes_never_use_the_parents_reader(videos: Path) -> None:
-    ds = _ReaderReportingClips(str(videos), BATCH, FRAMES, size=SIZE, threads=1, with_meta=True)
+    ds = _ReaderReportingClips(
+        str(videos), BATCH, frames=FRAMES, size=SIZE, threads=1, with_meta=True
+    )
     reference = [ds.read_batch(i) for i in range(3)]
     parent = ds._reader
     assert {m["reader"] for _, m in reference} == {id(parent)}
@@ -768,7 +778,7 @@ def test_default_threads_share_the_cpus(videos: Path, monkeypatch: pytest.Monkey
 
 
 def test_write_time_metadata_is_collated_into_the_batch(shards: list[str]) -> None:
-    ds = ClipDataset(shards, 4, FRAMES, seed=4, size=SIZE, threads=1, with_meta=True)
+    ds = ClipDataset(shards, 4, frames=FRAMES, seed=4, size=SIZE, threads=1, with_meta=True)
     for _, meta in take(ClipLoader(ds, workers=1, timeout=WORKER_TIMEOUT), 3):
         ids = [int(m[1:-4]) for m in meta["member"]]  # v<i>.mp4
         assert meta["meta"]["label"].dtype == torch.int64

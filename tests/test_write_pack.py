@@ -19,7 +19,13 @@ from reference import REFERENCE_ENV, REFERENCE_PYTHON, needs_reference
 from writer_media import read_index, video_records
 
 from kohakuclip.codecs.av1 import Av1DepsIndex
-from kohakuclip.formats import AV1_DEPS_KEY, FLAG_KEYFRAME
+from kohakuclip.formats import (
+    AV1_DEPS_KEY,
+    FLAG_KEYFRAME,
+    INDEX_VERSION,
+    VIDEO_INDEX_MAGIC,
+    read_index_header,
+)
 from kohakuclip.storage.index import VideoIndex
 from kohakuclip.write.pack import PackError, ShardWriter, pack
 from kohakuclip.write.settings import EncodeSettings
@@ -230,11 +236,16 @@ print(json.dumps({"videos": len(reader), "shapes": shapes}))
 @pytest.mark.reference
 @needs_reference
 def test_reference_reader_opens_our_shards(tmp_path) -> None:
+    """Our shards, whose index headers carry the ``version`` key KohakuClip 1.0.0 never wrote."""
     paths = []
     for codec, container in (("av1", "zip"), ("h264", "tar"), ("hevc", "zip")):
         path = str(tmp_path / f"{codec}.{container}")
         pack(path, [("a.mp4", stored(codec)), ("b.mp4", stored(codec, 1, 24))])
         paths.append(path)
+        _, archive = read_index(path)
+        member = archive[archive.index(VIDEO_INDEX_MAGIC) :]
+        head = read_index_header(lambda at, n, m=member: m[at : at + n], VIDEO_INDEX_MAGIC)
+        assert head.header["version"] == INDEX_VERSION
     seen = json.loads(run_reference(READ_SCRIPT, *paths))
     assert seen == {"videos": 6, "shapes": [[1, 3, 3, 64, 64]] * 6}
 

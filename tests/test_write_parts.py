@@ -264,7 +264,9 @@ def test_clip_dataset_over_the_view_gives_the_listed_shards_batches(parts) -> No
     shards = sorted(str(p) for p in parts.glob("part-*.shard_*.zip"))
 
     def batches(sources: object) -> list:
-        ds = torch_module.ClipDataset(sources, 2, 4, fps=12.0, threads=1, size=32, with_meta=True)
+        ds = torch_module.ClipDataset(
+            sources, 2, frames=4, fps=12.0, threads=1, size=32, with_meta=True
+        )
         try:
             return [ds.read_batch(i) for i in range(2)]
         finally:

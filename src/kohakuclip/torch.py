@@ -94,7 +94,11 @@ def _collate_values(values: list[Any]) -> Any:
 
 
 def collate_meta(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Per-item metadata dicts to one dict of per-key batches (missing keys give None entries)."""
+    """Per-item metadata dicts to one dict of per-key batches (missing keys give None entries).
+
+    Args:
+        records: one metadata mapping per item.
+    """
     keys: dict[str, None] = {}
     for record in records:
         keys.update(dict.fromkeys(record))
@@ -111,6 +115,19 @@ class BatchDataset(IterableDataset):
     mix several sources (see ``kohakuclip.read.stream.mixture``): each sample picks its source
     by its own seeded draw. ``threads=None`` shares the usable CPUs between the DataLoader
     workers and the ranks on this node (LOCAL_WORLD_SIZE, as torchrun sets it).
+
+    Args:
+        sources: one reader's sources, or with ``weights`` several of them mixed (a sequence
+            of sources with a sequence of weights, or a mapping name -> sources).
+        batch_size: items per batch (per rank).
+        weights: the mixing weight of each source (by position, or by name for a mapping).
+        epochs: walk a seeded permutation per epoch instead of drawing uniformly.
+        seed: the seed of the sample stream.
+        threads: decoding threads (None: the usable CPUs shared over this node's ranks and
+            DataLoader workers).
+        with_meta: yield ``(batch, meta)`` instead of the batch alone.
+        rank: this process's rank (None: from torch.distributed, else RANK).
+        world_size: the number of ranks (None: from torch.distributed, else WORLD_SIZE).
     """
 
     kind = "items"
@@ -219,7 +236,11 @@ class BatchDataset(IterableDataset):
         return self._stream_cache[1]
 
     def first_sample(self, batch: int) -> int:
-        """The global sample index of item 0 of batch ``batch`` of this rank."""
+        """The global sample index of item 0 of batch ``batch`` of this rank.
+
+        Args:
+            batch: the batch of this rank.
+        """
         if batch < 0:
             raise ValueError(f"batch must be >= 0, got {batch}")
         samples, step, _ = self._origin
@@ -229,14 +250,23 @@ class BatchDataset(IterableDataset):
         return samples + ((batch - step) * world + rank) * self.batch_size
 
     def consumed(self, batch: int) -> int:
-        """Global samples all ranks together consumed before their batch ``batch``."""
+        """Global samples all ranks together consumed before their batch ``batch``.
+
+        Args:
+            batch: the batch of this rank.
+        """
         samples, step, _ = self._origin
         return samples + (batch - step) * self.rank_world[1] * self.batch_size
 
     def resume_at(self, seed: int, samples: int, batch: int, seen: Sequence[int] = ()) -> None:
-        """Continue the stream of ``seed`` after ``samples`` consumed, ``seen[k]`` of them from
-        source k (empty: counted from the start), this rank's next batch being batch ``batch``.
-        Checked first: nothing changes when it fails."""
+        """Continue a stream after some samples; checked first: nothing changes when it fails.
+
+        Args:
+            seed: the stream's seed.
+            samples: global samples all ranks consumed.
+            batch: this rank's next batch.
+            seen: how many of ``samples`` each source gave (empty: counted from the start).
+        """
         if samples < 0 or batch < 0:
             raise ValueError(f"samples and batch must be >= 0, got {samples}, {batch}")
         origin = (int(samples), int(batch), tuple(int(c) for c in seen))
@@ -259,7 +289,11 @@ class BatchDataset(IterableDataset):
         return np.array([d.item for d in draws], dtype=np.int64)
 
     def items(self, batch: int) -> list[Any]:
-        """The reader items of batch ``batch`` of this rank (opens this process's reader)."""
+        """The reader items of batch ``batch`` of this rank (opens this process's reader).
+
+        Args:
+            batch: the batch of this rank.
+        """
         return self._items(self._reader_here(), batch)[1]
 
     def _items(self, reader: Any, batch: int) -> tuple[list[Draw], list[Any]]:
@@ -274,7 +308,11 @@ class BatchDataset(IterableDataset):
         }
 
     def read_batch(self, batch: int) -> Any:
-        """Decode batch ``batch`` of this rank on its own, as iteration would yield it."""
+        """Decode batch ``batch`` of this rank on its own, as iteration would yield it.
+
+        Args:
+            batch: the batch of this rank.
+        """
         stream = self._stream(batch, 1, 1, pin=False)
         try:
             return next(stream)
@@ -365,6 +403,25 @@ class ClipDataset(BatchDataset):
     and member, lists of str), ``meta`` (the per-video metadata recorded at write time, collated
     per key), ``sample`` (global sample indices, int64 [B]), ``mix`` (the mixed source of each
     clip, int64 [B]) and ``mix_name`` (its name: the mapping key, or its position as str).
+
+    Args:
+        sources: one reader's sources, or with ``weights`` several of them mixed (a sequence
+            of sources with a sequence of weights, or a mapping name -> sources).
+        batch_size: items per batch (per rank).
+        frames: frames per clip.
+        fps: sample clips at this rate (None: consecutive stored frames).
+        spread: spread each clip over its whole video.
+        sampler: ``sampler(n_video_frames, frames, rng)`` -> frame indices, instead of
+            ``kohakuclip.clip``.
+        weights: the mixing weight of each source (by position, or by name for a mapping).
+        epochs: walk a seeded permutation per epoch instead of drawing uniformly.
+        seed: the seed of the sample stream.
+        threads: decoding threads (None: the usable CPUs shared over this node's ranks and
+            DataLoader workers).
+        with_meta: yield ``(batch, meta)`` instead of the batch alone.
+        rank: this process's rank (None: from torch.distributed, else RANK).
+        world_size: the number of ranks (None: from torch.distributed, else WORLD_SIZE).
+        **reader_options: keywords of ``kohakuclip.Reader`` (size, mode, crop, hflip, ...).
     """
 
     kind = "videos"
@@ -373,13 +430,13 @@ class ClipDataset(BatchDataset):
         self,
         sources: Any,
         batch_size: int,
+        *,
         frames: int = 8,
         fps: float | None = None,
         spread: bool = False,
         epochs: bool = False,
         seed: int = 0,
         threads: int | None = None,
-        *,
         weights: Any = None,
         sampler: Sampler | None = None,
         with_meta: bool = False,
@@ -495,11 +552,23 @@ class ClipLoader:
     any still exiting. "forkserver" avoids the question at some start-up cost, and is the
     default when the dataset reads URLs (object storage): obstore's I/O runtime does not survive
     a fork.
+
+    Args:
+        dataset: the ClipDataset or ImageDataset to iterate.
+        workers: DataLoader worker processes (0: decode in this process).
+        prefetch: batches in flight (per worker with ``workers > 0``).
+        lookahead: batches the consumer fetches ahead of the one it trains on (1: Lightning).
+        pin_memory: pin the batches (None: when CUDA is available).
+        timeout: seconds to wait for a worker's batch (0: forever).
+        multiprocessing_context: how worker processes start (None: the DataLoader's default,
+            or "forkserver" for URL sources).
+        batches: batches per epoch (None: an endless stream).
     """
 
     def __init__(
         self,
         dataset: BatchDataset,
+        *,
         workers: int = 0,
         prefetch: int = 2,
         lookahead: int = 0,
@@ -672,6 +741,20 @@ class ImageDataset(BatchDataset):
     ``key``, ``caption`` (lists, None where unknown) and ``meta`` (the parsed json sidecars or
     gulp meta_data, collated per key), and ``sample``, ``mix``, ``mix_name`` as for clips.
     ``weights`` mix several sources as in ClipDataset.
+
+    Args:
+        sources: one reader's sources, or with ``weights`` several of them mixed (a sequence
+            of sources with a sequence of weights, or a mapping name -> sources).
+        batch_size: items per batch (per rank).
+        weights: the mixing weight of each source (by position, or by name for a mapping).
+        epochs: walk a seeded permutation per epoch instead of drawing uniformly.
+        seed: the seed of the sample stream.
+        threads: decoding threads (None: the usable CPUs shared over this node's ranks and
+            DataLoader workers).
+        with_meta: yield ``(batch, meta)`` instead of the batch alone.
+        rank: this process's rank (None: from torch.distributed, else RANK).
+        world_size: the number of ranks (None: from torch.distributed, else WORLD_SIZE).
+        **reader_options: keywords of ``kohakuclip.ImageReader`` (size, crop, mode, ...).
     """
 
     kind = "images"
@@ -680,10 +763,10 @@ class ImageDataset(BatchDataset):
         self,
         sources: Any,
         batch_size: int,
+        *,
         epochs: bool = False,
         seed: int = 0,
         threads: int | None = None,
-        *,
         weights: Any = None,
         with_meta: bool = False,
         rank: int | None = None,

@@ -46,8 +46,10 @@ from kohakuclip.formats import (
     AV1_SHOW_EXISTING,
     AV1_SHOW_FRAME,
     AV1_SHOWABLE,
+    IndexFormatError,
+    decode_index,
+    encode_index,
 )
-from kohakuclip.storage.index import IndexFormatError, decode_index, encode_index
 
 __all__ = [
     "Av1Deps",

@@ -470,7 +470,7 @@ class ShareTables:
         decoder: int = 0,
         remote: Any = None,
     ) -> None:
-        """Append one planned clip (``plan``: a ``read.plan.ClipPlan``) bound for batch
+        """Append one planned clip (``plan``: a ``plan_types.ClipPlan``) bound for batch
         ``slot``; ``crop`` in the decoded picture's pixels; ``decoder``: the row of the
         driver's decoder table that takes it. ``remote``: the clip's object in object storage
         (a ``storage.remote.RemoteObject``; ``fd`` is then ignored): its ranges are read by

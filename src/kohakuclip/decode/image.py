@@ -297,7 +297,7 @@ class ImageDecoder:
 
 
 def _decode_with_pillow(data: bytes) -> np.ndarray:
-    from kohakuclip.write.image_prepare import flatten
+    from kohakuclip.imaging import flatten
 
     try:
         with Image.open(io.BytesIO(data)) as image:

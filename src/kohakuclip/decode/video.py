@@ -22,7 +22,7 @@ from kohakuclip.codecs.av1_syntax import iter_obus, parse_sequence_header
 from kohakuclip.decode import _dav1d
 from kohakuclip.decode.pixels import Planes, frame_planes
 from kohakuclip.errors import KohakuClipError
-from kohakuclip.read.plan import ClipPlan, GopRead
+from kohakuclip.plan_types import ClipPlan, GopRead
 from kohakuclip.storage.catalog import VideoTrack
 
 ReadAt = Callable[[int, int], "bytes | memoryview"]  # (offset, length) -> bytes

@@ -28,7 +28,13 @@ from typing import Any
 import numpy as np
 
 from kohakuclip.errors import KohakuClipError
-from kohakuclip.formats import DATASET_FILE, IMAGE_CODECS, INDEX_MEMBER, SHARD_SUFFIXES
+from kohakuclip.formats import (
+    DATASET_FILE,
+    IMAGE_CODECS,
+    IMAGE_SUFFIXES,
+    INDEX_MEMBER,
+    SHARD_SUFFIXES,
+)
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.read.image_manifest import ImageManifest
@@ -54,7 +60,6 @@ from kohakuclip.storage.remote import (
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.view import ViewError, has_view, load_view, parse_view
 from kohakuclip.storage.zip import ArchiveError, Member, list_zip
-from kohakuclip.write.image_sources import IMAGE_SUFFIXES
 
 
 class ImageSourceError(KohakuClipError, ValueError):

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from kohakuclip.storage.manifest import Fetch, read_manifest, shard_location
 
-_COLUMNS = ["shard", "index", "key", "caption", "json"]
+_COLUMNS = ["shard", "index", "key", "caption", "meta"]
 
 
 class _Table:
@@ -59,8 +59,7 @@ class ImageManifest:
         if pos is None or pos >= len(table.index) or table.index[pos] != index:
             return None
         row: dict[str, Any] = table.table.slice(pos, 1).to_pylist()[0]
-        text = row.pop("json")
-        row["meta"] = _parse(text)
+        row["meta"] = _parse(row.get("meta"))
         row.pop("shard")
         return row
 

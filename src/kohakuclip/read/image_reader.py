@@ -23,9 +23,9 @@ from kohakuclip.decode.image import (
 )
 from kohakuclip.decode.pixels import Crop, yuv_to_rgb_matrix
 from kohakuclip.errors import KohakuClipError
+from kohakuclip.plan_types import ClipPlan, GopRead
 from kohakuclip.read.image_catalog import ImageCatalog, ImageLocation
 from kohakuclip.read.image_crop import image_crop
-from kohakuclip.read.plan import ClipPlan, GopRead
 from kohakuclip.read.pool import OwnedPool, Pending, ThreadPool, batch_buffer
 from kohakuclip.read.seeding import generator, per_item_keys
 from kohakuclip.storage.cache import BlockCache
@@ -121,13 +121,33 @@ class ImageReader:
     the window allows (``dct_scale``; not in "yuv" mode). Decoding runs on ``threads`` threads;
     every random choice of a batch comes from its seed. Sources may be URLs (``s3://``,
     ``gs://``, ``az://``, ``http(s)://``, ``file://``; a URL ending in ``/`` lists the zip
-    shards or images under it), read by ranged GETs with ``storage_options`` and the optional
-    ``cache_dir`` / ``cache_size`` block cache (as ``Reader``).
+    shards or images under it), read by ranged GETs.
+
+    Args:
+        sources: image shards, plain zips, tars, folder trees, GulpIO directories, a dataset
+            view folder, or URLs; one or a sequence.
+        size: output side in pixels (>= 2).
+        threads: decoding threads.
+        crop: ``random`` or ``center`` short-side square, or ``resized`` (RandomResizedCrop).
+        scale: ``resized``: the range of the crop's area over the image's.
+        ratio: ``resized``: the range of the crop's aspect ratio.
+        hflip: probability of a horizontal flip per image.
+        vflip: probability of a vertical flip per image.
+        mode: ``rgb``, ``yuv_resized`` or ``yuv`` (see above).
+        dct_scale: let JPEG decode at 1/2, 1/4 or 1/8 scale when the window allows.
+        seed: seeds ``sample`` and batches read without a seed.
+        yuv_size: ``yuv`` mode's square (>= 2).
+        use_index: read a KCIMG1 shard's index member (False: list the zip).
+        open_files: at most this many archive files held open.
+        storage_options: keywords of the object store (as ``Reader``).
+        cache_dir: a node-local block cache of what is fetched from URLs (as ``Reader``).
+        cache_size: about the most bytes ``cache_dir`` holds.
     """
 
     def __init__(
         self,
         sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
         size: int = 256,
         threads: int = 1,
         crop: ImageCrop = "random",
@@ -191,7 +211,11 @@ class ImageReader:
 
     def info(self, image_id: int) -> ImageInfo:
         """Stored size, codec, bytes, source, member and metadata of one image (plain and gulp
-        sources: the size read from the image's header)."""
+        sources: the size read from the image's header).
+
+        Args:
+            image_id: the image id, in ``[0, len(reader))``.
+        """
         image_id = self._check_id(image_id)
         loc = self._catalog.locate(image_id)
         width, height, codec = loc.width, loc.height, loc.codec
@@ -219,17 +243,30 @@ class ImageReader:
     def metadata(self, image_id: int) -> dict[str, Any]:
         """``key``, ``caption`` and ``meta`` of one image, None where unknown: from the
         writer's manifest.parquet beside a shard (``meta``: the parsed json sidecar), or for a
-        gulp frame its video's id and first meta_data dict (labels, fps ...)."""
+        gulp frame its video's id and first meta_data dict (labels, fps ...).
+
+        Args:
+            image_id: the image id, in ``[0, len(reader))``.
+        """
         return self._catalog.metadata(self._check_id(image_id))
 
     def origin(self, image_id: int) -> tuple[str, int]:
         """(source path, position in that source) of one image: for an indexed shard, the
-        ``index`` of its manifest row."""
+        ``index`` of its manifest row.
+
+        Args:
+            image_id: the image id, in ``[0, len(reader))``.
+        """
         image_id = self._check_id(image_id)
         return self._catalog.source(image_id), self._catalog.position(image_id)
 
     def sample(self, n: int, seed: int | None = None) -> list[int]:
-        """``n`` image ids drawn uniformly (with replacement)."""
+        """``n`` image ids drawn uniformly (with replacement).
+
+        Args:
+            n: number of ids.
+            seed: draws from this seed (None: the reader's generator).
+        """
         if len(self) == 0:
             raise ValueError("the reader has no images")
         rng = np.random.default_rng(seed) if seed is not None else self._rng
@@ -237,7 +274,11 @@ class ImageReader:
 
     # -- reading -----------------------------------------------------------------------------
     def batch_shape(self, n_items: int) -> tuple[int, ...]:
-        """Shape of the ``image`` array of a batch of ``n_items`` images."""
+        """Shape of the ``image`` array of a batch of ``n_items`` images.
+
+        Args:
+            n_items: images in the batch.
+        """
         return (n_items, *output_shape(self.size, self.mode, self.yuv_size))
 
     def _ensure_process(self) -> tuple[ThreadPool, FileCache]:
@@ -295,7 +336,14 @@ class ImageReader:
         seed: int | None = None,
         item_keys: Sequence[int] | None = None,
     ) -> ImageBatch:
-        """Decode a batch and wait for it (arguments as for ``submit``)."""
+        """Decode a batch and wait for it.
+
+        Args:
+            ids: the image ids of the batch.
+            out: receives the pixels (optional; shape ``batch_shape``, uint8, C-contiguous).
+            seed: image ``i`` takes its random choices from ``(seed, i)`` (drawn when None).
+            item_keys: one int in ``[0, 2**64)`` per image, as for ``submit``.
+        """
         return self.submit(ids, out, seed, item_keys).result()
 
     def _share_task(self, batch: ImageBatch, share: list[int], seed: int, files: FileCache) -> Any:

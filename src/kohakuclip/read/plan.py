@@ -13,7 +13,6 @@ from that read depends on ``skip``:
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -21,35 +20,16 @@ import numpy as np
 from kohakuclip.codecs.av1 import closure
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import AV1_SHOW_EXISTING
+from kohakuclip.plan_types import ClipPlan, GopRead, Pieces
 from kohakuclip.storage.catalog import VideoTrack
 
+__all__ = ["ClipPlan", "FrameRangeError", "GopRead", "Skip", "plan_clip"]
+
 Skip = bool | Literal["keep"]
-Pieces = tuple[tuple[int, int], ...]
 
 
 class FrameRangeError(KohakuClipError, IndexError):
     """A wanted frame index outside the video."""
-
-
-@dataclass(frozen=True)
-class GopRead:
-    """One pread and the packets cut from it: (byte ranges in the read, display index)."""
-
-    offset: int
-    length: int
-    packets: list[tuple[Pieces, int]]
-
-
-@dataclass(frozen=True)
-class ClipPlan:
-    reads: list[GopRead]
-    targets: dict[int, list[int]]  # display index -> output positions in the clip
-    packets: int  # packets fed to the decoder
-    decoded: int  # frames the decoder decodes (AV1 hidden frames included when known)
-
-    @property
-    def bytes_read(self) -> int:
-        return sum(r.length for r in self.reads)
 
 
 def plan_clip(

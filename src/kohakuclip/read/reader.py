@@ -18,7 +18,8 @@ from kohakuclip.decode.image import ImageDecoder, dct_denominator, scaled_window
 from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, Planes, square_crop
 from kohakuclip.decode.video import ClipDecoder, takes_dav1d
 from kohakuclip.errors import KohakuClipError
-from kohakuclip.read.plan import ClipPlan, FrameRangeError, Skip, plan_clip
+from kohakuclip.plan_types import ClipPlan
+from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
 from kohakuclip.read.pool import OwnedPool, Pending, ThreadPool, batch_buffer
 from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator, per_item_keys
@@ -134,32 +135,48 @@ class _Worker:
 class Reader:
     """Reads batches of clips (display-order frame indices) from zip / tar shards and folders.
 
-    ``sources``: shard archives (with or without an index), folder trees of mp4 files and GulpIO
-    directories (their JPEG frames read one by one; ``gulp_fps`` overrides the frame rate their
-    meta records, unknown rates read as 0: clips then step one frame at a time).
     Each clip is cropped to the short-side square (random or centred), resized to ``size``,
-    optionally flipped, and written into one uint8 batch. Decoding runs on ``threads`` threads.
-    ``skip``: ``True`` decodes only what the wanted frames need (for AV1 shards with a dependency
-    table, the frames they transitively reference; otherwise unwanted samples cut to the bytes
-    later frames use), ``"keep"`` forces the latter, ``False`` decodes every sample from the
-    keyframe on. All three give the same pixels.
-    ``mode`` picks the output: ``rgb`` [N, T, 3, S, S]; ``yuv_resized`` packed 4:2:0 planes at
-    ``size``; ``yuv`` the stored-resolution crop window, packed 4:2:0 in a ``window`` square
-    (default: the largest short side the indexes announce, else 512), finished on the GPU by
-    ``kohakuclip.torch.yuv_to_rgb``.
-    Sources may be URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``; a URL
-    ending in ``/`` lists the zip shards or mp4 files under it): a clip's GOPs are then fetched
-    by ranged GETs (concurrent, touching ranges coalesced) before it is decoded.
-    ``storage_options`` go to the store (``obstore.store.from_url`` keywords, e.g.
-    ``endpoint``, ``region``, ``client_options``, ``retry_config``); credentials otherwise come
-    from the standard environment variables (``AWS_ACCESS_KEY_ID`` ...). ``cache_dir``: a
-    node-local cache of what is fetched (256 KiB blocks of each object version, shared safely by
-    the processes of a node), at most about ``cache_size`` bytes (``storage.cache``).
+    optionally flipped, and written into one uint8 batch. Sources may be URLs (``s3://``,
+    ``gs://``, ``az://``, ``http(s)://``, ``file://``; a URL ending in ``/`` lists the zip shards
+    or mp4 files under it): a clip's GOPs are then fetched by ranged GETs (concurrent, touching
+    ranges coalesced) before it is decoded; credentials come from ``storage_options`` or the
+    standard environment variables (``AWS_ACCESS_KEY_ID`` ...).
+
+    Args:
+        sources: shard archives (with or without an index), folder trees of mp4 files, GulpIO
+            directories (their JPEG frames read one by one), a dataset view folder, or URLs;
+            one or a sequence.
+        size: output side in pixels (>= 2).
+        mode: ``rgb`` [N, T, 3, S, S]; ``yuv_resized`` packed 4:2:0 planes at ``size``; ``yuv``
+            the stored-resolution crop window, packed 4:2:0 in a ``window`` square, finished on
+            the GPU by ``kohakuclip.torch.yuv_to_rgb``.
+        threads: decoding threads.
+        crop: ``random`` or ``center`` short-side square.
+        hflip: probability of a horizontal flip per clip.
+        vflip: probability of a vertical flip per clip.
+        seed: seeds ``sample`` and the crops and flips of batches read without a seed.
+        skip: ``True`` decodes only what the wanted frames need (for AV1 shards with a
+            dependency table, the frames they transitively reference; otherwise unwanted samples
+            cut to the bytes later frames use), ``"keep"`` forces the latter, ``False`` decodes
+            every sample from the keyframe on. All three give the same pixels.
+        use_index: read a shard's index member (False: parse every member's moov).
+        open_files: at most this many archive files held open.
+        moov_cache: at most this many parsed mp4 tracks kept.
+        window: ``yuv`` mode's square (even; default: the largest short side the indexes
+            announce, else 512).
+        gulp_fps: frame rate of every GulpIO video (default: what its meta records; unknown
+            rates read as 0: clips then step one frame at a time).
+        storage_options: keywords of the object store (``obstore.store.from_url``: e.g.
+            ``endpoint``, ``region``, ``client_options``, ``retry_config``).
+        cache_dir: a node-local cache of what is fetched from URLs (256 KiB blocks of each
+            object version, shared safely by the processes of a node; ``storage.cache``).
+        cache_size: about the most bytes ``cache_dir`` holds.
     """
 
     def __init__(
         self,
         sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
         size: int = 256,
         mode: OutputMode = "rgb",
         threads: int = 1,
@@ -226,7 +243,11 @@ class Reader:
         return len(self._catalog)
 
     def info(self, vid: int) -> VideoInfo:
-        """Frame count, fps, stored size, codec, colorspace, source and member of one video."""
+        """Frame count, fps, stored size, codec, colorspace, source and member of one video.
+
+        Args:
+            vid: the video id, in ``[0, len(reader))``.
+        """
         self._check_vid(vid)
         return VideoInfo(**self._catalog.info(vid), meta=self._catalog.meta(vid))
 
@@ -246,6 +267,14 @@ class Reader:
         """``n`` clips of ``frames`` frames from random videos (or from ``videos``, in order).
 
         Short videos give squeezed clips (see ``kohakuclip.clip``), never an error.
+
+        Args:
+            n: number of clips (ignored when ``videos`` is given).
+            frames: frames per clip.
+            fps: sample at this rate (None: consecutive stored frames).
+            spread: spread the clip over the whole video instead.
+            seed: draws from this seed (None: the reader's generator).
+            videos: the video of each clip, in order (None: drawn uniformly).
         """
         rng = np.random.default_rng(seed) if seed is not None else self._rng
         if videos is None:
@@ -266,7 +295,12 @@ class Reader:
 
     # -- reading -----------------------------------------------------------------------------
     def batch_shape(self, n_items: int, frames: int) -> tuple[int, ...]:
-        """Shape of the ``video`` array of a batch of ``n_items`` clips of ``frames`` frames."""
+        """Shape of the ``video`` array of a batch of ``n_items`` clips of ``frames`` frames.
+
+        Args:
+            n_items: clips in the batch.
+            frames: frames per clip.
+        """
         return (n_items, frames, *PixelWriter.frame_shape(self.size, self.mode, self.window))
 
     def _ensure_process(self) -> tuple[ThreadPool, FileCache]:
@@ -371,7 +405,14 @@ class Reader:
         seed: int | None = None,
         item_keys: Sequence[int] | None = None,
     ) -> Batch:
-        """Decode a batch and wait for it (arguments as for ``submit``)."""
+        """Decode a batch and wait for it.
+
+        Args:
+            items: ``(video id, [display-order frame indices])`` per clip, the same count each.
+            out: receives the pixels (optional; shape ``batch_shape``, uint8, C-contiguous).
+            seed: clip ``i`` takes its crop and flips from ``(seed, i)`` (drawn when None).
+            item_keys: one int in ``[0, 2**64)`` per clip, as for ``submit``.
+        """
         return self.submit(items, out, seed, item_keys).result()
 
     def _share_task(

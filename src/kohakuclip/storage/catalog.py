@@ -14,7 +14,6 @@ few ranged reads, never a listing of members); a video's frame table comes from 
 from __future__ import annotations
 
 import os
-import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -37,13 +36,15 @@ from kohakuclip.formats import (
     INDEX_MEMBER,
     SHARD_SUFFIXES,
     VIDEO_INDEX_MAGIC,
+    IndexFormatError,
     VideoEntry,
+    read_index_header,
 )
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source, open_remote_gulp
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.files import FileCache
-from kohakuclip.storage.index import IndexFormatError, decode_index, video_entries
+from kohakuclip.storage.index import video_entries
 from kohakuclip.storage.manifest import VideoManifests
 from kohakuclip.storage.ranged import Objects, RangedFile
 from kohakuclip.storage.remote import (
@@ -373,18 +374,19 @@ class Catalog:
         member = src.index_member
         assert member is not None
         where = f"{src.path}:{INDEX_MEMBER}"
-        with self.objects.open(src.path) as f:
-            head = f.read(member.offset, 16)
-            if len(head) < 16:
-                raise SourceError(f"{where}: truncated index")
-            (length,) = struct.unpack("<Q", head[8:16])
-            body = f.read(member.offset + 16, min(length, member.size))
         try:
-            header, _ = decode_index(head + body, VIDEO_INDEX_MAGIC, np.dtype(np.uint8), where)
+            with self.objects.open(src.path) as f:
+                head = read_index_header(
+                    lambda at, n: f.read(member.offset + at, n),
+                    VIDEO_INDEX_MAGIC,
+                    member.size,
+                    where,
+                )
+            header = head.header
             videos = video_entries(header, where)
         except IndexFormatError as e:
             raise SourceError(str(e)) from None
-        src.records_start = member.offset + (16 + length + 7) // 8 * 8
+        src.records_start = member.offset + head.records
         trailer = header.get(AV1_DEPS_KEY, 0)
         if not isinstance(trailer, int) or not 0 <= trailer <= member.size:
             raise SourceError(f"{where}: bad {AV1_DEPS_KEY!r} size {trailer!r}")
@@ -437,19 +439,19 @@ class Catalog:
             return None
         where = f"{src.path}:{INDEX_MEMBER}:{AV1_DEPS_KEY}"
         if src.deps is None:
-            with self.objects.open(src.path) as f:
-                head = f.read(src.deps_start, 16)
-                if len(head) < 16:
-                    raise SourceError(f"{where}: truncated table")
-                (length,) = struct.unpack("<Q", head[8:16])
-                body = f.read(src.deps_start + 16, length)
+            size = None
+            if src.index_member is not None:
+                size = src.index_member.offset + src.index_member.size - src.deps_start
             try:
-                header, _ = decode_index(head + body, AV1_DEPS_MAGIC, np.dtype(np.uint8), where)
-                first = src.deps_start + (16 + length + 7) // 8 * 8
-                size = AV1_FRAME_RECORD.itemsize
+                with self.objects.open(src.path) as f:
+                    head = read_index_header(
+                        lambda at, n: f.read(src.deps_start + at, n), AV1_DEPS_MAGIC, size, where
+                    )
+                first = src.deps_start + head.records
+                record = AV1_FRAME_RECORD.itemsize
                 src.deps = {
-                    str(v["member"]): (first + int(v["row"]) * size, int(v["n"]))
-                    for v in header["videos"]
+                    str(v["member"]): (first + int(v["row"]) * record, int(v["n"]))
+                    for v in head.header["videos"]
                 }
             except (IndexFormatError, KeyError, TypeError, ValueError) as e:
                 raise SourceError(f"{where}: {e}") from None

@@ -8,13 +8,20 @@ zip's central directory when someone asks (``member_names``).
 from __future__ import annotations
 
 import os
-import struct
 from typing import Any
 
 import numpy as np
 
-from kohakuclip.formats import IMAGE_CODECS, IMAGE_INDEX_MAGIC, IMAGE_RECORD, INDEX_MEMBER
-from kohakuclip.storage.index import IndexFormatError, decode_index, encode_index
+from kohakuclip.formats import (
+    IMAGE_CODECS,
+    IMAGE_INDEX_MAGIC,
+    IMAGE_RECORD,
+    INDEX_MEMBER,
+    IndexFormatError,
+    decode_index,
+    encode_index,
+    read_index_header,
+)
 from kohakuclip.storage.ranged import RangedFile, open_local
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
 
@@ -59,16 +66,15 @@ def find_image_index(source: str | os.PathLike[str] | RangedFile) -> tuple[Membe
     if member is None:
         return None
     where = f"{path}:{INDEX_MEMBER}"
-    head = source.read(member.offset, min(member.size, 1 << 16))
-    if len(head) < 16 or head[:8] != IMAGE_INDEX_MAGIC:
-        raise IndexFormatError(f"{where}: not a KCIMG1 index (bad magic or truncated)")
-    (length,) = struct.unpack("<Q", head[8:16])
-    if 16 + length > member.size:
-        raise IndexFormatError(f"{where}: truncated index header ({length} bytes announced)")
-    start = (16 + length + 7) // 8 * 8
-    records = (member.size - start) // IMAGE_RECORD.itemsize
-    if (member.size - start) % IMAGE_RECORD.itemsize:
+    head = read_index_header(
+        lambda at, n: source.read(member.offset + at, n), IMAGE_INDEX_MAGIC, member.size, where
+    )
+    count = head.header.get("images")
+    records, rest = divmod(member.size - head.records, IMAGE_RECORD.itemsize)
+    if rest:
         raise IndexFormatError(f"{where}: index records are not a multiple of 24 bytes")
+    if count != records:
+        raise IndexFormatError(f"{where}: header says {count} images, table has {records}")
     return member, records
 
 

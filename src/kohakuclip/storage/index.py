@@ -1,64 +1,30 @@
-"""The framed index member shared by video (KCIDX1) and image (KCIMG1) shards."""
+"""The KCIDX1 index of a video shard (the framing itself, shared with KCIMG1 and KCAV1D, is
+``formats.encode_index`` / ``formats.read_index_header``)."""
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from kohakuclip.errors import KohakuClipError
-from kohakuclip.formats import AV1_DEPS_KEY, FRAME_RECORD, VIDEO_INDEX_MAGIC, VideoEntry
+from kohakuclip.formats import (
+    AV1_DEPS_KEY,
+    FRAME_RECORD,
+    VIDEO_INDEX_MAGIC,
+    IndexFormatError,
+    VideoEntry,
+    decode_index,
+    encode_index,
+)
 
-
-class IndexFormatError(KohakuClipError, ValueError):
-    """An index member that does not parse (wrong magic, truncated, inconsistent)."""
-
-
-def encode_index(magic: bytes, header: dict[str, Any], records: np.ndarray) -> bytes:
-    """Serialize ``magic | u64 len | JSON | pad to 8 | records``."""
-    body = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-    head = magic + struct.pack("<Q", len(body)) + body
-    head += b"\0" * (-len(head) % 8)
-    return head + np.ascontiguousarray(records).tobytes()
-
-
-def decode_index(
-    buf: bytes | memoryview | np.ndarray,
-    magic: bytes,
-    dtype: np.dtype,
-    where: str = "index",
-    trailer_key: str | None = None,
-) -> tuple[dict[str, Any], np.ndarray]:
-    """Parse a framed index from bytes or a uint8 memmap; records are a view, not a copy.
-
-    ``trailer_key``: a header key giving the size of a blob after the records (not records)."""
-    raw = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
-    if len(raw) < 16 or bytes(raw[:8]) != magic:
-        kind = magic.rstrip(b"\0").decode()
-        raise IndexFormatError(f"{where}: not a {kind} index (bad magic)")
-    (length,) = struct.unpack("<Q", bytes(raw[8:16]))
-    if 16 + length > len(raw):
-        raise IndexFormatError(f"{where}: truncated index header ({length} bytes announced)")
-    try:
-        header = json.loads(bytes(raw[16 : 16 + length]))
-    except ValueError as e:
-        raise IndexFormatError(f"{where}: index header is not JSON ({e})") from None
-    start = (16 + length + 7) // 8 * 8
-    end = len(raw)
-    if trailer_key is not None and isinstance(header, dict) and trailer_key in header:
-        trailer = header[trailer_key]
-        if not isinstance(trailer, int) or not 0 <= trailer <= end - start:
-            raise IndexFormatError(f"{where}: bad {trailer_key!r} size {trailer!r}")
-        end -= trailer
-    body = raw[start:end]
-    if len(body) % dtype.itemsize:
-        raise IndexFormatError(
-            f"{where}: index records are not a multiple of {dtype.itemsize} bytes"
-        )
-    return header, body.view(dtype)
+__all__ = [
+    "IndexFormatError",
+    "VideoIndex",
+    "decode_index",
+    "encode_index",
+    "video_entries",
+]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kohakuclip.formats import MANIFEST_FILE
+from kohakuclip.formats import MANIFEST_FILE, manifest_columns, manifest_table
 from kohakuclip.storage.remote import is_url
 
 Fetch = Callable[[str], "bytes | None"]
@@ -45,9 +45,9 @@ def read_manifest(
         if not os.path.isfile(source):
             return None
     if columns is None:
-        return pq.read_table(source)
-    present = set(pq.read_schema(source).names)
-    return pq.read_table(source, columns=[c for c in columns if c in present])
+        return manifest_table(pq.read_table(source))
+    available = pq.read_schema(source).names
+    return manifest_table(pq.read_table(source, columns=manifest_columns(available, list(columns))))
 
 
 _COLUMNS = ("shard", "member", "caption", "label", "meta")

@@ -14,14 +14,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from kohakuclip.errors import KohakuClipError
+from kohakuclip.formats import IMAGE_SUFFIXES
 from kohakuclip.storage.folder import list_folder
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import ArchiveError, Member, list_zip
 
-IMAGE_SUFFIXES = (
-    ".jpg", ".jpeg", ".jfif", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff",
-    ".avif", ".jxl", ".heic", ".heif", ".ppm", ".pgm", ".pnm", ".tga", ".qoi",
-)  # fmt: skip
 _CAPTION_SUFFIX = ".txt"
 _META_SUFFIX = ".json"
 

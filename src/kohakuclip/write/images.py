@@ -28,7 +28,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from kohakuclip.formats import IMAGE_CODECS, INDEX_MEMBER, SKIPPED_FILE
+from kohakuclip.formats import (
+    ENCODING_FILE,
+    IMAGE_CODECS,
+    IMAGE_MANIFEST_SCHEMA,
+    INDEX_MEMBER,
+)
 from kohakuclip.storage.image_index import encode_image_index, image_records
 from kohakuclip.storage.zip import ZipWriter
 from kohakuclip.write.image_codecs import Encoded, check_codec, encode_pixels
@@ -36,27 +41,7 @@ from kohakuclip.write.image_prepare import Backend, ImageSkip, prepare
 from kohakuclip.write.image_sources import SourceImage, iter_sources
 from kohakuclip.write.parts import OutputNames, Part
 
-SKIPPED = SKIPPED_FILE
-ENCODING = "encoding.json"
 _PARTIAL = ".partial"
-
-_MANIFEST_SCHEMA = pa.schema(
-    [
-        ("shard", pa.string()),
-        ("index", pa.int64()),
-        ("key", pa.string()),
-        ("member", pa.string()),
-        ("stored_size", pa.int64()),
-        ("source_size", pa.int64()),
-        ("width", pa.int32()),
-        ("height", pa.int32()),
-        ("source_width", pa.int32()),
-        ("source_height", pa.int32()),
-        ("caption", pa.string()),
-        ("json", pa.string()),
-        ("source", pa.string()),
-    ]
-)
 
 
 @dataclass(frozen=True)
@@ -289,7 +274,7 @@ def write_images(
     _clear(out, names)
     summary = WriteSummary(out)
     manifest_tmp = os.path.join(out, names.manifest + _PARTIAL)
-    manifest = pq.ParquetWriter(manifest_tmp, _MANIFEST_SCHEMA)
+    manifest = pq.ParquetWriter(manifest_tmp, IMAGE_MANIFEST_SCHEMA)
     skipped_tmp = os.path.join(out, names.skipped + _PARTIAL)
     shard: _ShardWriter | None = None
     rows: list[dict[str, Any]] = []
@@ -329,7 +314,7 @@ def write_images(
         raise
     os.replace(manifest_tmp, os.path.join(out, names.manifest))
     os.replace(skipped_tmp, os.path.join(out, names.skipped))
-    record = os.path.join(out, names.prefix + ENCODING)
+    record = os.path.join(out, names.prefix + ENCODING_FILE)
     with open(record + _PARTIAL, "w", encoding="utf-8") as f:
         json.dump(_encoding_record(settings, summary, names.part), f, indent=2)
         f.write("\n")
@@ -342,7 +327,7 @@ def _check_parts(out: str, part: Part, settings: _Settings) -> None:
     other settings."""
     mine = asdict(settings)
     for name in sorted(os.listdir(out)):
-        if not (name.startswith("part-") and name.endswith("." + ENCODING)):
+        if not (name.startswith("part-") and name.endswith("." + ENCODING_FILE)):
             continue
         with open(os.path.join(out, name), encoding="utf-8") as f:
             other = json.load(f)
@@ -356,7 +341,7 @@ def _check_parts(out: str, part: Part, settings: _Settings) -> None:
 
 def _finished(out: str, names: OutputNames) -> WriteSummary | None:
     """The summary of a run (part) whose record says it finished and whose shards are there."""
-    record = os.path.join(out, names.prefix + ENCODING)
+    record = os.path.join(out, names.prefix + ENCODING_FILE)
     if not os.path.isfile(record):
         return None
     with open(record, encoding="utf-8") as f:
@@ -382,7 +367,7 @@ def _clear(out: str, names: OutputNames) -> None:
         mine = name.startswith(names.prefix) if names.part is not None else True
         if mine and (name.endswith(_PARTIAL) or pattern.match(name.removesuffix(_PARTIAL))):
             os.remove(os.path.join(out, name))
-    record = os.path.join(out, names.prefix + ENCODING)
+    record = os.path.join(out, names.prefix + ENCODING_FILE)
     if os.path.isfile(record):
         os.remove(record)
 
@@ -395,14 +380,14 @@ def _manifest_row(
         "index": index,
         "key": os.path.splitext(member)[0],
         "member": member,
-        "stored_size": len(image.data),
-        "source_size": image.source_size,
+        "bytes": len(image.data),
+        "source_bytes": image.source_size,
         "width": image.width,
         "height": image.height,
         "source_width": image.source_width,
         "source_height": image.source_height,
         "caption": item.caption,
-        "json": item.meta,
+        "meta": item.meta,
         "source": item.origin,
     }
 
@@ -411,7 +396,7 @@ def _close_shard(
     shard: _ShardWriter, manifest: pq.ParquetWriter, rows: list[dict[str, Any]]
 ) -> str:
     shard.finish()
-    manifest.write_table(pa.Table.from_pylist(rows, schema=_MANIFEST_SCHEMA))
+    manifest.write_table(pa.Table.from_pylist(rows, schema=IMAGE_MANIFEST_SCHEMA))
     rows.clear()
     return shard.path
 

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kohakuclip.errors import KohakuClipError
-from kohakuclip.formats import DATASET_FILE, MANIFEST_FILE, SKIPPED_FILE
+from kohakuclip.formats import DATASET_FILE, MANIFEST_FILE, SKIPPED_FILE, manifest_table
 from kohakuclip.storage.catalog import SourceError, index_layout
 from kohakuclip.storage.image_index import find_image_index
 from kohakuclip.storage.index import IndexFormatError
@@ -215,7 +215,7 @@ def merge(out: str | os.PathLike[str]) -> MergeResult:
     """
     folder = _Out.open(os.fspath(out))
     runs = _runs(folder)
-    tables = [folder.table(r.manifest) for r in runs]
+    tables = [manifest_table(folder.table(r.manifest)) for r in runs]
     table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
     table = table.sort_by([("shard", "ascending"), ("index", "ascending")])
     kind = _kind(table)

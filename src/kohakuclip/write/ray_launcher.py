@@ -103,11 +103,12 @@ def write_on_ray(
     parts: int | None,
 ) -> WriteResult:
     """Write the job as ``parts`` Ray tasks into ``out``, then merge it; see the module doc."""
-    from kohakuclip.write.shards import SETTINGS_FILE, WriteError, WriteResult
+    from kohakuclip.formats import ENCODING_FILE
+    from kohakuclip.write.shards import WriteError, WriteResult
 
     ray = _ray()
     sources = [os.fspath(s) if isinstance(s, os.PathLike) else s for s in sources]
-    settings = os.path.join(out, SETTINGS_FILE)
+    settings = os.path.join(out, ENCODING_FILE)
     if os.path.exists(settings):
         if not resume:
             raise WriteError(

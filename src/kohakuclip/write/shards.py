@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from kohakuclip.errors import KohakuClipError
-from kohakuclip.formats import MANIFEST_FILE, VideoEntry
+from kohakuclip.formats import ENCODING_FILE, MANIFEST_FILE, VIDEO_MANIFEST_SCHEMA, VideoEntry
 from kohakuclip.write.gulp_videos import encode_gulp_video
 from kohakuclip.write.pack import TEMP_SUFFIX, Container, PackError, ShardWriter
 from kohakuclip.write.parts import OutputNames, Part
@@ -44,34 +44,9 @@ from kohakuclip.write.video import EncodedVideo, EncodeError, encode_video
 Backend = Literal["native", "ffmpeg"]
 Encoder = Callable[[str | bytes, EncodeSettings, str], EncodedVideo]
 
-SETTINGS_FILE = "encoding.json"
 PARTS_DIR = OutputNames().pending
 """Per-shard manifest rows of an unfinished run; merged into manifest.parquet at the end."""
 _ANY_SHARD_RE = re.compile(r"^(part-\d+-of-\d+\.)?shard_\d{5,}\.(zip|tar)$")
-
-MANIFEST_SCHEMA = pa.schema(
-    [
-        ("shard", pa.string()),
-        ("index", pa.int32()),  # position of the video in its shard's index
-        ("member", pa.string()),
-        ("source", pa.string()),
-        ("frames", pa.int64()),
-        ("fps", pa.float64()),
-        ("duration", pa.float64()),
-        ("width", pa.int32()),
-        ("height", pa.int32()),
-        ("source_width", pa.int32()),
-        ("source_height", pa.int32()),
-        ("bytes", pa.int64()),
-        ("source_bytes", pa.int64()),
-        ("codec", pa.string()),
-        ("colorspace", pa.string()),
-        ("caption", pa.string()),
-        ("label", pa.string()),
-        ("meta", pa.string()),  # the JSON sidecar, as JSON text
-        ("prefix", pa.string()),  # hex decoder prefix, as in the index (for the dataset view)
-    ]
-)
 
 _RESUME_KEYS = ("settings", "container", "per_shard", "backend", "gulp_fps", "parts")
 
@@ -112,7 +87,7 @@ def _atomic_write(path: str, data: bytes, temp: str | None = None) -> None:
 
 def _write_table(path: str, rows: list[dict[str, Any]]) -> None:
     temp = path + TEMP_SUFFIX
-    pq.write_table(pa.Table.from_pylist(rows, schema=MANIFEST_SCHEMA), temp)
+    pq.write_table(pa.Table.from_pylist(rows, schema=VIDEO_MANIFEST_SCHEMA), temp)
     os.replace(temp, path)
 
 
@@ -150,13 +125,13 @@ def _prepare(out: str, config: dict, resume: bool, names: OutputNames) -> _Done:
     """Check the output folder: new, an earlier run to resume with the same settings, or (for a
     part) a folder the other parts of the same job write into."""
     os.makedirs(out, exist_ok=True)
-    settings_path = os.path.join(out, SETTINGS_FILE)
+    settings_path = os.path.join(out, ENCODING_FILE)
     listing = os.listdir(out)
     mine = [n for n in listing if names.owns(n)] + [n for n in listing if n == names.pending]
     if not os.path.exists(settings_path):
         if any(_ANY_SHARD_RE.match(n) or n == MANIFEST_FILE for n in listing):
-            raise WriteError(f"{out}: holds shards without {SETTINGS_FILE}; choose another folder")
-        temp = os.path.join(out, f"{names.prefix}{SETTINGS_FILE}{TEMP_SUFFIX}")
+            raise WriteError(f"{out}: holds shards without {ENCODING_FILE}; choose another folder")
+        temp = os.path.join(out, f"{names.prefix}{ENCODING_FILE}{TEMP_SUFFIX}")
         _atomic_write(settings_path, json.dumps(config, indent=2).encode(), temp)
         return _Done()
     with open(settings_path, "rb") as f:
