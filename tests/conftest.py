@@ -1,4 +1,28 @@
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(__file__))
+
+# One BLAS / OpenMP thread per test process: the decode pools are the parallelism, and spinning
+# BLAS workers on a 2-core runner only compete with them.
+for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
+
+def _normal_scheduling() -> None:
+    """Back to SCHED_OTHER if this process runs under a real-time policy. Seen once on a shared
+    runner (xdist workers at SCHED_FIFO 99, inherited by their children): there, any thread
+    that spin-waits (BLAS workers, Go's scheduler in the S3 server) starves the thread it waits
+    for and the run livelocks."""
+    if hasattr(os, "sched_getscheduler") and os.sched_getscheduler(0) != os.SCHED_OTHER:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+
+_normal_scheduling()
+
+
+@pytest.fixture(autouse=True)
+def _not_real_time() -> None:
+    _normal_scheduling()

@@ -84,6 +84,13 @@ def _stop(process: subprocess.Popen[bytes], grace: float = 1.0) -> None:
     process.wait(10)
 
 
+def _normal_scheduling() -> None:
+    """The server under SCHED_OTHER whatever its parent runs under (see conftest.py): Go's
+    spinning scheduler threads livelock under a real-time policy."""
+    if os.sched_getscheduler(0) != os.SCHED_OTHER:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+
 def _start_weed(directory: str, ready_within: float) -> S3Server:
     """One ``weed server -s3`` on fresh ports, answering (a bucket made) or stopped and raised."""
     weed = weed_binary()
@@ -101,7 +108,12 @@ def _start_weed(directory: str, ready_within: float) -> S3Server:
     ]  # fmt: skip
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=directory
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=directory,
+            preexec_fn=_normal_scheduling,
         )
     server = S3Server(f"http://127.0.0.1:{s3}", process, log_path)
     deadline = time.monotonic() + ready_within
