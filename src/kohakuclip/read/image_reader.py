@@ -7,11 +7,12 @@ import os
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from functools import cache, partial
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
+from kohakuclip.decode import avcodec_found
 from kohakuclip.decode.image import (
     JPEG_COLORSPACE,
     ImageDecoder,
@@ -73,14 +74,6 @@ class ImageBatch:
     def video(self) -> np.ndarray:
         """The pixels under the name the batch datasets share with clip batches."""
         return self.image
-
-
-@cache
-def _avcodec_found() -> bool:
-    """True when PyAV's libavcodec passed its start-up layout check (``decode._avcodec``)."""
-    from kohakuclip.decode import _avcodec
-
-    return _avcodec.library() is not None
 
 
 _JPEG_MATRIX = yuv_to_rgb_matrix("bt601", True)  # JFIF
@@ -419,7 +412,7 @@ class ImageReader:
         Python path takes (other codecs, deflated members, sizes not in the index)."""
         loc = self._catalog.locate(batch.ids[i])
         stored = loc.size > 0 and not loc.compressed and loc.width > 0
-        if not (self._compiled and loc.codec == "jpeg" and stored and _avcodec_found()):
+        if not (self._compiled and loc.codec == "jpeg" and stored and avcodec_found()):
             raise _NotCompiled
         crop, hflip, vflip = self._geometry(batch, i, seed, loc.width, loc.height)
         if self.mode == "yuv" and (crop.w > self.yuv_size or crop.h > self.yuv_size):

@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from functools import cache, partial
+from functools import partial
 from time import thread_time
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
+from kohakuclip.decode import avcodec_found
 from kohakuclip.decode.image import ImageDecoder, dct_denominator, scaled_window
 from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, Planes, square_crop
 from kohakuclip.decode.video import ClipDecoder, takes_dav1d
@@ -74,14 +75,6 @@ _AVCODEC_ROWS = {"h264": 0, "hevc": 1, "jpeg": 2}
 _REACH_BACK = 2  # keyframes a clip with frames the decoder dropped is retried from (plan_clip)
 
 
-@cache
-def _avcodec_found() -> bool:
-    """True when PyAV's libavcodec passed its start-up layout check (``decode._avcodec``)."""
-    from kohakuclip.decode import _avcodec
-
-    return _avcodec.library() is not None
-
-
 class _Worker:
     """Per-thread state: decoders and pixel buffers."""
 
@@ -107,7 +100,7 @@ class _Worker:
                 self._dav1d = Dav1dClips()
             return self._dav1d, 0
         annexb = bool(track.nal_length_size) or track.codec == "jpeg"
-        if track.codec in _AVCODEC_ROWS and annexb and _avcodec_found():
+        if track.codec in _AVCODEC_ROWS and annexb and avcodec_found():
             if self._avcodec is None:
                 from kohakuclip.decode._clips import AvcodecClips
 
