@@ -152,7 +152,7 @@ def main() -> None:
     for mode in MODES:
         with kohakuclip.Reader(sources, size=args.size, mode=mode, hflip=0.5, seed=0) as reader:
             batches[mode] = reader.read(items[: args.batch], seed=5)
-            window = reader.window
+            window = reader.yuv_size
     rgb = batches["rgb"].video
     frames = rgb.shape[0] * rgb.shape[1]
     results: dict = {"size": args.size, "window": window, "modes": {}}

@@ -134,7 +134,7 @@ def test_broken_samples_name_the_file_and_the_pool_keeps_working(sources: Source
 
 @pytest.mark.parametrize("mode", MODES)
 def test_gulp_jpeg_clips_compiled_match_pyav(sources: Sources, mode: str) -> None:
-    compiled, workers, pyav = _clip_twins(sources.gulp, mode, window=96)
+    compiled, workers, pyav = _clip_twins(sources.gulp, mode, yuv_size=96)
     assert workers[0]._avcodec is not None
     np.testing.assert_array_equal(compiled.video, pyav.video)
     assert compiled.video.std() > 5

@@ -6,16 +6,18 @@ import io
 import os
 import shutil
 import zipfile
+from dataclasses import fields
 
 import numpy as np
 import pytest
 from image_media import encode, photo, psnr, write_tar, write_zip
 from PIL import Image
 
-from kohakuclip.decode.image import JPEG_COLORSPACE, dct_denominator
+from kohakuclip.decode.image import dct_denominator
 from kohakuclip.decode.pixels import Crop
 from kohakuclip.image_writer import write_images
-from kohakuclip.read.image_reader import ImageReader, ImageReadError
+from kohakuclip.read.image_reader import ImageInfo, ImageReader, ImageReadError
+from kohakuclip.read.reader import VideoInfo
 
 SIZE = 96
 
@@ -194,7 +196,7 @@ def test_yuv_modes_finish_to_the_rgb_output(shard, mode, crop):
         side = 256 if mode == "yuv" else SIZE
         assert reader.batch_shape(8) == (8, side * side + 2 * ((side + 1) // 2) ** 2)
         yuv = reader.read(range(8), seed=2)
-    assert yuv.colorspaces == [JPEG_COLORSPACE] * 8 and yuv.full_range.all()
+    assert yuv.colorspaces == ["bt601"] * 8 and yuv.full_range.all()  # JFIF
     np.testing.assert_array_equal(yuv.crops, rgb.crops)
     np.testing.assert_array_equal(yuv.flips, rgb.flips)
     back = yuv_to_rgb(yuv, size=SIZE, backend="torch")
@@ -242,6 +244,27 @@ def test_other_codecs_and_plain_odd_jpegs(tmp_path):
     cmyk_ref = Image.open(plain / "b_cmyk.jpg").convert("RGB")
     cmyk_ref = np.asarray(cmyk_ref.resize((SIZE, SIZE), Image.Resampling.BOX, box=box))
     assert psnr(batch.image[1], cmyk_ref.transpose(2, 0, 1)) > 35
+
+
+def test_batch_and_info_names_are_those_of_clip_batches(shard, tmp_path):
+    """Items, colorspace names and ranges as a clip batch records them, info fields in the
+    order of VideoInfo; the old batch name still answers, with a warning."""
+    with ImageReader(shard, size=SIZE) as reader:
+        batch = reader.read([3, 1])
+    assert batch.items == [3, 1] and batch.colorspaces == ["rgb", "rgb"]
+    assert not batch.full_range.any()
+    with pytest.warns(DeprecationWarning, match="items"):
+        assert batch.ids == [3, 1]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    Image.fromarray(photo(60, 80, seed=41)).save(plain / "p.png")  # RGB, through Pillow
+    with ImageReader(str(plain), size=SIZE, mode="yuv_resized") as reader:
+        batch = reader.read([0])
+    assert batch.colorspaces == ["bt601"] and batch.full_range.tolist() == [True]
+    video = [f.name for f in fields(VideoInfo)]
+    image = [f.name for f in fields(ImageInfo)]
+    assert [n for n in video if n in image] == [n for n in image if n in video]
+    assert video.index("height") == video.index("width") + 1
 
 
 def test_corrupt_member_names_the_file_and_the_pool_survives(shard, tmp_path):

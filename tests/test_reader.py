@@ -332,19 +332,32 @@ def test_yuv_mode_is_the_stored_window(corpus: Corpus) -> None:
     vid = corpus.names.index(name)
     planes = decode_planes(corpus.data[name])
     with Reader(corpus.zip, size=32, mode="yuv", hflip=1.0, seed=4) as reader:
-        assert reader.window == max(min(s.width, s.height) for s in SPECS.values())
+        assert reader.yuv_size == max(min(s.width, s.height) for s in SPECS.values())
         frames = [5, 0, 32]
         batch = reader.read([(vid, frames)])
     assert batch.video.shape == reader.batch_shape(1, 3)
     assert batch.flips[0, 0], "flips are recorded for the GPU, not applied"
     x, y, w, h = (int(v) for v in batch.crops[0])
     for t, f in enumerate(frames):
-        out_y, out_u, out_v = yuv420_planes(batch.video[0, t], reader.window)
+        out_y, out_u, out_v = yuv420_planes(batch.video[0, t], reader.yuv_size)
         ref_y, ref_u, ref_v = planes[f]
         assert np.array_equal(out_y[:h, :w], ref_y[y : y + h, x : x + w])
         cy, cx, ch, cw = y // 2, x // 2, (h + 1) // 2, (w + 1) // 2
         assert np.array_equal(out_u[:ch, :cw], ref_u[cy : cy + ch, cx : cx + cw])
         assert np.array_equal(out_v[:ch, :cw], ref_v[cy : cy + ch, cx : cx + cw])
+
+
+def test_window_is_the_deprecated_name_of_yuv_size(corpus: Corpus) -> None:
+    with pytest.warns(DeprecationWarning, match="yuv_size"):
+        reader = Reader(corpus.zip, size=32, mode="yuv", crop="center", window=160)
+    with reader:
+        assert reader.yuv_size == 160
+        with pytest.warns(DeprecationWarning, match="yuv_size"):
+            assert reader.window == 160
+        batch = reader.read([(0, [0])])
+    assert batch.video.shape == (1, 1, 160 * 160 + 2 * 80 * 80)
+    with pytest.raises(ValueError, match="yuv_size must be even"):
+        Reader(corpus.zip, yuv_size=97)
 
 
 def test_yuv_resized_converts_to_the_rgb_output(tmp_path) -> None:

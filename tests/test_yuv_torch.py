@@ -127,7 +127,9 @@ def test_colorspace_names_and_full_range() -> None:
     assert (limited == 255).all()
     full = yuv_to_rgb(grey, mode="yuv_resized", full_range=True)
     assert (full == 235).all()
-    assert torch.equal(yuv_to_rgb(grey, mode="yuv_resized", colorspaces="bt601-full"), full)
+    assert torch.equal(yuv_to_rgb(grey, mode="yuv_resized", full_range=[True]), full)
+    with pytest.warns(DeprecationWarning, match="full_range"):  # the old name of the range
+        assert torch.equal(yuv_to_rgb(grey, mode="yuv_resized", colorspaces="bt601-full"), full)
     # a coloured frame tells the matrices apart
     rng = np.random.default_rng(1)
     colour = rng.integers(0, 256, grey.shape, dtype=np.uint8)

@@ -19,6 +19,7 @@ tensors when triton imports.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -85,9 +86,10 @@ def yuv_to_rgb(
     metadata. ``size``: the output side; defaults to the packed side in ``yuv_resized`` and is
     required in ``yuv``. ``device``: where to convert (the input is copied there, asynchronously
     from pinned memory; default: where it is). ``colorspaces``: per item (or one for all)
-    ``"bt601"`` / ``"bt709"``, optionally suffixed ``"-full"``; default ``"bt601"``.
-    ``full_range``: per item (default limited range). ``flips`` (``yuv`` only; ``yuv_resized``
-    planes come flipped): bool ``[N, 2]``, horizontal then vertical.
+    ``"bt601"`` / ``"bt709"``; default ``"bt601"`` (a ``"-full"`` suffix is deprecated: pass
+    ``full_range``). ``full_range``: per item, or one for all (default limited range).
+    ``flips`` (``yuv`` only; ``yuv_resized`` planes come flipped): bool ``[N, 2]``, horizontal
+    then vertical.
 
     Output: ``uint8`` rounds and clamps to 0..255. Float dtypes give ``clamp(rgb, 0, 255) *
     scale + offset`` (per channel when sequences of 3; e.g. ``scale=2/255, offset=-1`` for
@@ -285,14 +287,22 @@ def _matrices(items: int, colorspaces: str | Sequence[str] | None, full_range: A
         full = _as_numpy("full_range", full_range, (items,)).astype(bool)
     out = np.empty((items, 3, 4), np.float32)
     cache: dict[tuple[str, bool], np.ndarray] = {}
+    suffixed = False
     for i, (name, is_full) in enumerate(zip(names, full.tolist())):
         base, _, suffix = name.partition("-")
         if base not in _COLORSPACES or suffix not in ("", "full"):
-            raise ValueError(f"unknown colorspace {name!r} (expected bt601 or bt709[-full])")
+            raise ValueError(f"unknown colorspace {name!r} (expected bt601 or bt709)")
+        suffixed = suffixed or suffix == "full"
         key = (base, is_full or suffix == "full")
         if key not in cache:
             cache[key] = yuv_to_rgb_matrix(*key)
         out[i] = cache[key]
+    if suffixed:
+        warnings.warn(
+            'colorspace names suffixed "-full" are deprecated: pass full_range=True',
+            DeprecationWarning,
+            stacklevel=4,  # the caller of yuv_to_rgb
+        )
     return out
 
 

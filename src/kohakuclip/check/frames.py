@@ -58,7 +58,7 @@ class FrameReader:
     def __init__(self, source: str, skip: Skip, window: int, threads: int, batch: int = 4) -> None:
         # yuv mode: the window at stored resolution; ``size`` (resizing) is not used
         self.reader = Reader(
-            source, size=2, mode="yuv", crop="center", threads=threads, skip=skip, window=window
+            source, size=2, mode="yuv", crop="center", threads=threads, skip=skip, yuv_size=window
         )
         self.window, self.batch = window, max(1, batch)
 

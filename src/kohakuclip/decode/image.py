@@ -16,7 +16,7 @@ one decoder and its buffers; the heavy calls release the GIL.
 from __future__ import annotations
 
 import io
-from typing import Any, Literal
+from typing import Any
 
 import cv2
 import numpy as np
@@ -24,15 +24,13 @@ import simplejpeg
 from PIL import Image
 
 from kohakuclip.decode._resize import Resizer
-from kohakuclip.decode.pixels import Crop, PixelWriter, frame_planes, yuv420_planes
+from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, frame_planes, yuv420_planes
 from kohakuclip.decode.video import padded_packet
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import COLOR_BT709, COLOR_FULL_RANGE
 
-ImageMode = Literal["rgb", "yuv", "yuv_resized"]
-
-JPEG_COLORSPACE = "bt601-full"
-"""What RGB-decoded images report in the yuv modes: JPEG's own full-range BT.601 YCbCr."""
+JPEG_COLORSPACE = "bt601"
+"""What RGB-decoded images report in the yuv modes, with full range: JPEG's own YCbCr."""
 
 _DCT_DENOMINATORS = (8, 4, 2)
 _PLANAR_JPEG = ("yuvj420p", "yuvj422p", "yuvj444p", "yuv420p", "yuv422p", "yuv444p", "gray")
@@ -55,7 +53,7 @@ def sniff_codec(data: bytes) -> str:
     return "other"
 
 
-def output_shape(size: int, mode: ImageMode, window: int = 512) -> tuple[int, ...]:
+def output_shape(size: int, mode: OutputMode, window: int = 512) -> tuple[int, ...]:
     """Shape of one image's output: [3, S, S] for rgb, else the flat 4:2:0 planes Y, U, V."""
     return PixelWriter.frame_shape(size, mode, window)
 
@@ -83,7 +81,7 @@ def scaled_window(width: int, height: int, crop: Crop, d: int) -> tuple[int, int
 class ImageDecoder:
     """One thread's decoders and buffers for one output mode and side."""
 
-    def __init__(self, size: int, mode: ImageMode, window: int = 512) -> None:
+    def __init__(self, size: int, mode: OutputMode, window: int = 512) -> None:
         self.size = size
         self.mode = mode
         self.window = window
@@ -129,8 +127,9 @@ class ImageDecoder:
         vflip: bool,
         dct_scale: bool,
         dst: np.ndarray,
-    ) -> str:
-        """Decode ``data`` and write the crop's output into ``dst``; returns the colorspace."""
+    ) -> tuple[str, bool]:
+        """Decode ``data`` and write the crop's output into ``dst``; returns the colorspace
+        (the planes' matrix, or "rgb" in rgb mode) and whether the planes are full range."""
         if self.mode == "yuv" and (crop.w > self.window or crop.h > self.window):
             raise ImageDecodeError(
                 f"crop window {crop.w}x{crop.h} exceeds the {self.window}-pixel yuv window "
@@ -144,18 +143,22 @@ class ImageDecoder:
             full = bool(color & COLOR_FULL_RANGE)
             y, u, v, shifts = frame_planes(frame)
             self._planes.write((y, u, v), crop, hflip, vflip, colorspace, full, dst, shifts)
-            return f"{colorspace}-full" if full else colorspace
+            return colorspace, full
         scaling = dct_scale and self.mode != "yuv"
         if codec == "jpeg" and self._write_jpeg_planes(
             data, width, height, crop, hflip, vflip, scaling, dst
         ):
-            return "rgb" if self.mode == "rgb" else JPEG_COLORSPACE
+            return self._rgb_decoded()
         rgb = self._decode_rgb(data, codec, width, height, crop, scaling)
         if self.mode == "yuv":
             self._window_planes(rgb, dst)
         else:
             self._finish_rgb(rgb, hflip, vflip, dst)
-        return "rgb" if self.mode == "rgb" else JPEG_COLORSPACE
+        return self._rgb_decoded()
+
+    def _rgb_decoded(self) -> tuple[str, bool]:
+        """The colorspace and range of an image decoded through JPEG's YCbCr or to RGB."""
+        return ("rgb", False) if self.mode == "rgb" else (JPEG_COLORSPACE, True)
 
     def _write_jpeg_planes(
         self,

@@ -265,16 +265,17 @@ class ImageCatalog:
     def __len__(self) -> int:
         return int(self._starts[-1])
 
-    def after_fork(self) -> None:
-        """Forget the memory maps, locks and manifests inherited through a fork."""
+    def ensure_process(self) -> None:
+        """After a fork, forget the memory maps, locks and manifests inherited from the parent."""
+        if self._pid == os.getpid():
+            return
         self._lock = threading.Lock()
         self._manifest = None
         for src in self.sources:
             if src.records_pid not in (os.getpid(), -2):
                 src.records = None
-        if self._pid != os.getpid():
-            self.objects = self.objects.after_fork(FileCache(64))
-            self._pid = os.getpid()
+        self.objects = self.objects.after_fork(FileCache(64))
+        self._pid = os.getpid()
 
     def _find(self, image_id: int) -> tuple[_Source, int]:
         s = bisect_right(self._start_list, image_id) - 1  # np.searchsorted releases the GIL

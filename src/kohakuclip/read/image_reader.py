@@ -4,11 +4,11 @@ persistent thread pool straight into one uint8 array."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -16,19 +16,19 @@ from kohakuclip.decode import avcodec_found
 from kohakuclip.decode.image import (
     JPEG_COLORSPACE,
     ImageDecoder,
-    ImageMode,
     dct_denominator,
     output_shape,
     scaled_window,
     sniff_codec,
 )
-from kohakuclip.decode.pixels import Crop, yuv_to_rgb_matrix
+from kohakuclip.decode.pixels import Crop, OutputMode, yuv_to_rgb_matrix
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.plan_types import ClipPlan, GopRead
+from kohakuclip.read._reader_base import ReaderBase, Sources, renamed
 from kohakuclip.read.image_catalog import ImageCatalog, ImageLocation
 from kohakuclip.read.image_crop import image_crop
-from kohakuclip.read.pool import OwnedPool, Pending, ThreadPool, batch_buffer
-from kohakuclip.read.seeding import generator, per_item_keys
+from kohakuclip.read.pool import OwnedPool, Pending, Task, batch_buffer
+from kohakuclip.read.seeding import generator
 from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.remote import ObjectStoreError
@@ -36,7 +36,7 @@ from kohakuclip.storage.remote import ObjectStoreError
 if TYPE_CHECKING:
     from kohakuclip.decode._clips import AvcodecClips, ShareTables
 
-ImageCrop = Literal["random", "center", "resized"]
+ImageCropMode = Literal["random", "center", "resized"]
 
 
 class ImageReadError(KohakuClipError, RuntimeError):
@@ -62,13 +62,15 @@ class ImageBatch:
     """Decoded images and what was done to them."""
 
     image: np.ndarray  # uint8 [N, 3, S, S] (rgb) or [N, S*S + 2*ceil(S/2)^2] (yuv modes)
-    ids: list[int]
+    items: list[int]  # the image ids
     crops: np.ndarray  # int32 [N, 4]: x, y, w, h of the window in stored pixels
     flips: np.ndarray  # bool [N, 2]: horizontal, vertical
-    colorspaces: list[str]  # "rgb", or the YUV matrix of the planes ("bt601-full", ...)
+    colorspaces: list[str]  # per image: "rgb" (rgb mode), else the planes' "bt601" | "bt709"
     full_range: np.ndarray  # bool [N]: the planes are full range (yuv modes)
-    mode: str  # "rgb", "yuv_resized" or "yuv" (what kohakuclip.torch.yuv_to_rgb needs)
+    mode: OutputMode = "rgb"  # what kohakuclip.torch.yuv_to_rgb needs
     item_keys: list[int] | None = None  # per image, the key of its crop and flips (submit)
+
+    ids = renamed("ids", "items")
 
     @property
     def video(self) -> np.ndarray:
@@ -88,8 +90,8 @@ class _ImageWorker:
     """Per-thread state: the Python-path decoder and the compiled JPEG decoders (one per DCT
     scaling, made on first use)."""
 
-    def __init__(self, size: int, mode: ImageMode, window: int) -> None:
-        self.decoder = ImageDecoder(size, mode, window)
+    def __init__(self, size: int, mode: OutputMode, yuv_size: int) -> None:
+        self.decoder = ImageDecoder(size, mode, yuv_size)
         self._jpeg: AvcodecClips | None = None
 
     @property
@@ -101,7 +103,7 @@ class _ImageWorker:
         return self._jpeg
 
 
-class ImageReader:
+class ImageReader(ReaderBase[int, ImageBatch]):
     """Reads batches of images from KCIMG1 shards, plain zips (stored or deflated), tars,
     folder trees and GulpIO directories (one image per stored frame).
 
@@ -137,18 +139,21 @@ class ImageReader:
         cache_size: about the most bytes ``cache_dir`` holds.
     """
 
+    _noun = "image"
+    _catalog: ImageCatalog
+
     def __init__(
         self,
-        sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        sources: Sources,
         *,
         size: int = 256,
         threads: int = 1,
-        crop: ImageCrop = "random",
+        crop: ImageCropMode = "random",
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         hflip: float = 0.0,
         vflip: float = 0.0,
-        mode: ImageMode = "rgb",
+        mode: OutputMode = "rgb",
         dct_scale: bool = True,
         seed: int | None = None,
         yuv_size: int = 512,
@@ -158,50 +163,35 @@ class ImageReader:
         cache_dir: str | os.PathLike[str] | None = None,
         cache_size: int = 64 << 30,
     ) -> None:
-        if mode not in get_args(ImageMode):
-            raise ValueError(f"mode must be one of {get_args(ImageMode)}, got {mode!r}")
-        if crop not in get_args(ImageCrop):
-            raise ValueError(f"crop must be one of {get_args(ImageCrop)}, got {crop!r}")
-        for name, side in (("size", size), ("yuv_size", yuv_size)):
-            if not isinstance(side, int) or side < 2:
-                raise ValueError(f"{name} must be an int >= 2, got {side!r}")
-        for name, p in (("hflip", hflip), ("vflip", vflip)):
-            if not 0.0 <= p <= 1.0:
-                raise ValueError(f"{name} must be a probability in [0, 1], got {p}")
+        super().__init__(
+            size=size,
+            mode=mode,
+            threads=threads,
+            crop=crop,
+            crops=ImageCropMode,
+            hflip=hflip,
+            vflip=vflip,
+            seed=seed,
+        )
+        if not isinstance(yuv_size, int) or yuv_size < 2:
+            raise ValueError(f"yuv_size must be an int >= 2, got {yuv_size!r}")
         if not 0 < scale[0] <= scale[1] <= 1:
             raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {scale}")
         if not 0 < ratio[0] <= ratio[1]:
             raise ValueError(f"ratio must satisfy 0 < min <= max, got {ratio}")
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        paths = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
-        self.size, self.mode, self.threads, self.crop = size, mode, threads, crop
         self.scale, self.ratio = (
             (float(scale[0]), float(scale[1])),
             (float(ratio[0]), float(ratio[1])),
         )
-        self.hflip, self.vflip, self.dct_scale = hflip, vflip, dct_scale
+        self.dct_scale = dct_scale
         self.yuv_size = yuv_size
         cache = BlockCache(os.fspath(cache_dir), cache_size) if cache_dir else None
-        self._catalog = ImageCatalog(
-            [os.fspath(p) for p in paths], use_index, storage_options, cache
-        )
-        self._rng = np.random.default_rng(seed)
-        self._compiled = True  # False: every image through PyAV / Pillow (the tests' twin)
-        self._pid = os.getpid()
+        self._catalog = ImageCatalog(self._paths(sources), use_index, storage_options, cache)
         self._files = FileCache(open_files)
         # threads, decoders and descriptors end with close() or when the reader is collected
         self._pool = OwnedPool(self, threads, self._files.close)
 
     # -- catalog -----------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self._catalog)
-
-    def _check_id(self, image_id: Any) -> int:
-        if not isinstance(image_id, (int, np.integer)) or not 0 <= image_id < len(self._catalog):
-            raise IndexError(f"image id {image_id!r} out of range (reader has {len(self)} images)")
-        return int(image_id)
-
     def info(self, image_id: int) -> ImageInfo:
         """Stored size, codec, bytes, source, member and metadata of one image (plain and gulp
         sources: the size read from the image's header).
@@ -274,18 +264,18 @@ class ImageReader:
         """
         return (n_items, *output_shape(self.size, self.mode, self.yuv_size))
 
-    def _ensure_process(self) -> tuple[ThreadPool, FileCache]:
-        """Threads, descriptors and memory maps belong to one process: renewed after a fork."""
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._catalog.after_fork()
-            self._files.ensure_process()
-        worker = partial(_ImageWorker, self.size, self.mode, self.yuv_size)
-        return self._pool.get(worker), self._files
+    def _forked(self) -> None:
+        self._files.ensure_process()
+
+    def _make_worker(self) -> Callable[[], _ImageWorker]:
+        return partial(_ImageWorker, self.size, self.mode, self.yuv_size)
+
+    def _file_cache(self) -> FileCache:
+        return self._files
 
     def submit(
         self,
-        ids: Sequence[int],
+        items: Sequence[int],
         out: np.ndarray | None = None,
         seed: int | None = None,
         item_keys: Sequence[int] | None = None,
@@ -293,51 +283,23 @@ class ImageReader:
         """Queue a batch for decoding; returns at once.
 
         Args:
-            ids: image ids.
+            items: the image ids of the batch.
             out: receives the pixels (optional; shape ``batch_shape``, uint8, C-contiguous).
             seed: image ``i`` takes its crop and flips from ``(seed, i)`` (drawn when None).
             item_keys: one int in ``[0, 2**64)`` per image: image ``i`` takes its crop and flips
                 from ``item_keys[i]`` alone, whatever its position (``seed`` is then unused).
         """
-        clean = [self._check_id(i) for i in ids]
+        clean = [self._check_id(i) for i in items]
         if not clean:
             raise ValueError("a batch needs at least one image")
-        shape = self.batch_shape(len(clean))
-        out = batch_buffer(out, shape)
-        if seed is None:
-            seed = int(self._rng.integers(0, 2**63 - 1))
-        batch = ImageBatch(
-            image=out,
-            ids=clean,
-            crops=np.zeros((len(clean), 4), np.int32),
-            flips=np.zeros((len(clean), 2), bool),
-            colorspaces=[""] * len(clean),
-            full_range=np.zeros(len(clean), bool),
-            mode=self.mode,
-            item_keys=per_item_keys(item_keys, len(clean)),
-        )
-        pool, files = self._ensure_process()
-        shares = np.array_split(np.arange(len(clean)), min(self.threads, len(clean)))
-        pending: Pending[ImageBatch] = Pending(len(shares), batch)
-        pool.submit([self._share_task(batch, s.tolist(), seed, files) for s in shares], pending)
-        return pending
+        out = batch_buffer(out, self.batch_shape(len(clean)))
+        batch = ImageBatch(image=out, items=clean, **self._records(len(clean), item_keys))
+        return self._dispatch(batch, len(clean), seed)
 
-    def read(
-        self,
-        ids: Sequence[int],
-        out: np.ndarray | None = None,
-        seed: int | None = None,
-        item_keys: Sequence[int] | None = None,
-    ) -> ImageBatch:
-        """Decode a batch and wait for it.
-
-        Args:
-            ids: the image ids of the batch.
-            out: receives the pixels (optional; shape ``batch_shape``, uint8, C-contiguous).
-            seed: image ``i`` takes its random choices from ``(seed, i)`` (drawn when None).
-            item_keys: one int in ``[0, 2**64)`` per image, as for ``submit``.
-        """
-        return self.submit(ids, out, seed, item_keys).result()
+    def _tasks(
+        self, batch: ImageBatch, shares: list[list[int]], seed: int, files: FileCache
+    ) -> list[Task]:
+        return [self._share_task(batch, s, seed, files) for s in shares]
 
     def _share_task(self, batch: ImageBatch, share: list[int], seed: int, files: FileCache) -> Any:
         """One thread's part of a batch: stored JPEGs go through compiled libavcodec in one
@@ -367,7 +329,7 @@ class ImageReader:
                         for i in tables.slots:
                             errors[i] = e
                 if tables is not None and fetched:
-                    image = batch.image.reshape(len(batch.ids), 1, -1)
+                    image = batch.image.reshape(len(batch.items), 1, -1)
                     status = worker.jpeg.run(tables, image)
                     for i, (code, detail, _) in zip(tables.slots, status.tolist()):
                         if code == _clips.UNSUPPORTED_FORMAT:
@@ -381,9 +343,9 @@ class ImageReader:
                     errors[i] = e
             if errors:
                 first = min(errors)
-                loc = self._catalog.locate(batch.ids[first])
+                loc = self._catalog.locate(batch.items[first])
                 error = errors[first]
-                raise ImageReadError(f"{self._where(batch.ids[first], loc)}: {error}") from error
+                raise ImageReadError(f"{self._where(batch.items[first], loc)}: {error}") from error
 
         return run
 
@@ -410,7 +372,7 @@ class ImageReader:
     ) -> ShareTables:
         """Plan image ``i`` into the compiled JPEG tables; raises _NotCompiled for what the
         Python path takes (other codecs, deflated members, sizes not in the index)."""
-        loc = self._catalog.locate(batch.ids[i])
+        loc = self._catalog.locate(batch.items[i])
         stored = loc.size > 0 and not loc.compressed and loc.width > 0
         if not (self._compiled and loc.codec == "jpeg" and stored and avcodec_found()):
             raise _NotCompiled
@@ -453,30 +415,17 @@ class ImageReader:
         self, decoder: ImageDecoder, batch: ImageBatch, i: int, seed: int, files: FileCache
     ) -> None:
         """One image through PyAV, libdav1d or Pillow."""
-        loc = self._catalog.locate(batch.ids[i])
+        loc = self._catalog.locate(batch.items[i])
         data = ImageCatalog.read(loc, files)
         codec, width, height = loc.codec, loc.width, loc.height
         if not codec or not width:
             codec = codec or sniff_codec(data)
             width, height = decoder.probe(data, codec)
         crop, hflip, vflip = self._geometry(batch, i, seed, width, height)
-        colorspace = decoder.write(
+        batch.colorspaces[i], batch.full_range[i] = decoder.write(
             data, codec, loc.color, width, height, crop, hflip, vflip, self.dct_scale,
             batch.image[i],
         )  # fmt: skip
-        batch.colorspaces[i] = colorspace
-        batch.full_range[i] = colorspace.endswith("-full")
-
-    def close(self) -> None:
-        """Join the threads (queued batches finish first) and close the files; the next use
-        starts new threads. A reader dropped without ``close()`` is closed when collected."""
-        self._pool.close()
-
-    def __enter__(self) -> ImageReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class _NotCompiled(Exception):

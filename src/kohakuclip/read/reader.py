@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from time import thread_time
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -20,10 +20,11 @@ from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, Planes, squa
 from kohakuclip.decode.video import ClipDecoder, takes_dav1d
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.plan_types import ClipPlan
+from kohakuclip.read._reader_base import ReaderBase, Sources, renamed, warn_renamed
 from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
-from kohakuclip.read.pool import OwnedPool, Pending, ThreadPool, batch_buffer
+from kohakuclip.read.pool import OwnedPool, Pending, Task, batch_buffer
 from kohakuclip.read.sample import clip
-from kohakuclip.read.seeding import generator, per_item_keys
+from kohakuclip.read.seeding import generator
 from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.catalog import Catalog, VideoTrack
 from kohakuclip.storage.files import FileCache
@@ -46,10 +47,10 @@ class VideoInfo:
 
     n: int
     fps: float
+    width: int  # stored size
     height: int
-    width: int
     codec: str
-    colorspace: str
+    colorspace: str  # "bt601" | "bt709"
     source: str
     member: str
     meta: dict[str, Any] = field(default_factory=dict)
@@ -63,7 +64,7 @@ class Batch:
     items: list[tuple[int, list[int]]]
     crops: np.ndarray  # int32 [N, 4]: x, y, w, h of the window in stored pixels
     flips: np.ndarray  # bool [N, 2]: horizontal, vertical
-    colorspaces: list[str]  # per clip: "bt601" | "bt709"
+    colorspaces: list[str]  # per clip, the YUV matrix: "bt601" | "bt709"
     full_range: np.ndarray  # bool [N]: full-range (JPEG-style) samples instead of limited
     mode: OutputMode = "rgb"
     item_keys: list[int] | None = None  # per clip, the key of its crop and flips (submit)
@@ -78,10 +79,10 @@ _REACH_BACK = 2  # keyframes a clip with frames the decoder dropped is retried f
 class _Worker:
     """Per-thread state: decoders and pixel buffers."""
 
-    def __init__(self, size: int, mode: OutputMode, window: int, compiled: bool) -> None:
+    def __init__(self, size: int, mode: OutputMode, yuv_size: int, compiled: bool) -> None:
         self.decoder = ClipDecoder()
-        self.pixels = PixelWriter(size, mode, window)
-        self.size, self.mode, self.window = size, mode, window
+        self.pixels = PixelWriter(size, mode, yuv_size)
+        self.size, self.mode, self.yuv_size = size, mode, yuv_size
         self._jpeg: ImageDecoder | None = None
         self._dav1d: Any = None
         self._avcodec: Any = None
@@ -121,11 +122,11 @@ class _Worker:
     def jpeg(self) -> ImageDecoder:
         """JPEG frames (GulpIO sources) go through the image reader's decoder."""
         if self._jpeg is None:
-            self._jpeg = ImageDecoder(self.size, self.mode, self.window)
+            self._jpeg = ImageDecoder(self.size, self.mode, self.yuv_size)
         return self._jpeg
 
 
-class Reader:
+class Reader(ReaderBase[Item, Batch]):
     """Reads batches of clips (display-order frame indices) from zip / tar shards and folders.
 
     Each clip is cropped to the short-side square (random or centred), resized to ``size``,
@@ -141,8 +142,8 @@ class Reader:
             one or a sequence.
         size: output side in pixels (>= 2).
         mode: ``rgb`` [N, T, 3, S, S]; ``yuv_resized`` packed 4:2:0 planes at ``size``; ``yuv``
-            the stored-resolution crop window, packed 4:2:0 in a ``window`` square, finished on
-            the GPU by ``kohakuclip.torch.yuv_to_rgb``.
+            the stored-resolution crop window, packed 4:2:0 in a ``yuv_size`` square, finished
+            on the GPU by ``kohakuclip.torch.yuv_to_rgb``.
         threads: decoding threads.
         crop: ``random`` or ``center`` short-side square.
         hflip: probability of a horizontal flip per clip.
@@ -155,7 +156,7 @@ class Reader:
         use_index: read a shard's index member (False: parse every member's moov).
         open_files: at most this many archive files held open.
         moov_cache: at most this many parsed mp4 tracks kept.
-        window: ``yuv`` mode's square (even; default: the largest short side the indexes
+        yuv_size: ``yuv`` mode's square (even; default: the largest short side the indexes
             announce, else 512).
         gulp_fps: frame rate of every GulpIO video (default: what its meta records; unknown
             rates read as 0: clips then step one frame at a time).
@@ -164,11 +165,16 @@ class Reader:
         cache_dir: a node-local cache of what is fetched from URLs (256 KiB blocks of each
             object version, shared safely by the processes of a node; ``storage.cache``).
         cache_size: about the most bytes ``cache_dir`` holds.
+        window: deprecated name of ``yuv_size``.
     """
+
+    _noun = "video"
+    _catalog: Catalog
+    window = renamed("window", "yuv_size")
 
     def __init__(
         self,
-        sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        sources: Sources,
         *,
         size: int = 256,
         mode: OutputMode = "rgb",
@@ -181,30 +187,33 @@ class Reader:
         use_index: bool = True,
         open_files: int = 4096,
         moov_cache: int = 4096,
-        window: int | None = None,
+        yuv_size: int | None = None,
         gulp_fps: float | None = None,
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_size: int = 64 << 30,
+        window: int | None = None,
     ) -> None:
-        if mode not in get_args(OutputMode):
-            raise ValueError(f"mode must be one of {get_args(OutputMode)}, got {mode!r}")
-        if crop not in get_args(CropMode):
-            raise ValueError(f"crop must be one of {get_args(CropMode)}, got {crop!r}")
-        if not isinstance(size, int) or size < 2:
-            raise ValueError(f"size must be an int >= 2, got {size!r}")
-        for name, p in (("hflip", hflip), ("vflip", vflip)):
-            if not 0.0 <= p <= 1.0:
-                raise ValueError(f"{name} must be a probability in [0, 1], got {p}")
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
+        super().__init__(
+            size=size,
+            mode=mode,
+            threads=threads,
+            crop=crop,
+            crops=CropMode,
+            hflip=hflip,
+            vflip=vflip,
+            seed=seed,
+        )
         if skip not in (True, False, "keep"):
             raise ValueError(f"skip must be True, False or 'keep', got {skip!r}")
-        paths = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
-        self.size, self.mode, self.threads = size, mode, threads
-        self.crop, self.hflip, self.vflip, self.skip = crop, hflip, vflip, skip
+        if window is not None:
+            warn_renamed("Reader(window=)", "yuv_size=")
+            yuv_size = window if yuv_size is None else yuv_size
+        if yuv_size is not None and (yuv_size % 2 or yuv_size < 2):
+            raise ValueError(f"yuv_size must be even and >= 2, got {yuv_size}")
+        self.skip = skip
         self._catalog = Catalog(
-            [os.fspath(p) for p in paths],
+            self._paths(sources),
             use_index,
             moov_cache,
             open_files,
@@ -213,12 +222,8 @@ class Reader:
             storage_options=storage_options,
             cache=BlockCache(os.fspath(cache_dir), cache_size) if cache_dir else None,
         )
-        self.window = window if window is not None else self._catalog.max_short_side(512)
-        if self.window % 2:
-            raise ValueError(f"window must be even, got {self.window}")
-        self._rng = np.random.default_rng(seed)
-        self._compiled = True  # False: every clip through PyAV (the tests' slow twin)
-        self._pid = -1
+        # the default is even: the largest short side rounded up
+        self.yuv_size = yuv_size if yuv_size is not None else self._catalog.max_short_side(512)
         # threads, decoders and descriptors end with close() or when the reader is collected
         self._pool = OwnedPool(self, threads, self._catalog.close)
         self._fetcher: ThreadPoolExecutor | None = None  # prefetch threads (remote sources)
@@ -232,21 +237,14 @@ class Reader:
         }
 
     # -- catalog -----------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self._catalog)
-
     def info(self, vid: int) -> VideoInfo:
         """Frame count, fps, stored size, codec, colorspace, source and member of one video.
 
         Args:
             vid: the video id, in ``[0, len(reader))``.
         """
-        self._check_vid(vid)
+        self._check_id(vid)
         return VideoInfo(**self._catalog.info(vid), meta=self._catalog.meta(vid))
-
-    def _check_vid(self, vid: int) -> None:
-        if not isinstance(vid, (int, np.integer)) or not 0 <= vid < len(self._catalog):
-            raise IndexError(f"video id {vid!r} out of range (reader has {len(self)} videos)")
 
     def sample(
         self,
@@ -277,7 +275,7 @@ class Reader:
         else:
             chosen = [int(v) for v in videos]
             for v in chosen:
-                self._check_vid(v)
+                self._check_id(v)
         items = []
         for vid in chosen:
             info = self._catalog.info(vid)
@@ -294,17 +292,17 @@ class Reader:
             n_items: clips in the batch.
             frames: frames per clip.
         """
-        return (n_items, frames, *PixelWriter.frame_shape(self.size, self.mode, self.window))
+        return (n_items, frames, *PixelWriter.frame_shape(self.size, self.mode, self.yuv_size))
 
-    def _ensure_process(self) -> tuple[ThreadPool, FileCache]:
-        """Threads and descriptors belong to one process: recreate them after a fork."""
-        self._catalog.ensure_process()
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._stats_lock = threading.Lock()
-            self._fetcher = None  # a forked child gets new prefetch threads
-        worker = partial(_Worker, self.size, self.mode, self.window, self._compiled)
-        return self._pool.get(worker), self._catalog.files
+    def _forked(self) -> None:
+        self._stats_lock = threading.Lock()
+        self._fetcher = None  # a forked child gets new prefetch threads
+
+    def _make_worker(self) -> Callable[[], _Worker]:
+        return partial(_Worker, self.size, self.mode, self.yuv_size, self._compiled)
+
+    def _file_cache(self) -> FileCache:
+        return self._catalog.files
 
     def submit(
         self,
@@ -331,7 +329,7 @@ class Reader:
                 raise ValueError(
                     f"items must be (video id, [frame indices]), got {item!r}"
                 ) from None
-            self._check_vid(vid)
+            self._check_id(vid)
             if not frames:
                 raise ValueError(f"clip of video {vid} has no frames")
             clean.append((int(vid), frames))
@@ -340,29 +338,15 @@ class Reader:
         t = len(clean[0][1])
         if any(len(f) != t for _, f in clean):
             raise ValueError("every clip of a batch must have the same number of frames")
-        shape = self.batch_shape(len(clean), t)
-        out = batch_buffer(out, shape)
-        if seed is None:
-            seed = int(self._rng.integers(0, 2**63 - 1))
-        batch = Batch(
-            video=out,
-            items=clean,
-            crops=np.zeros((len(clean), 4), np.int32),
-            flips=np.zeros((len(clean), 2), bool),
-            colorspaces=[""] * len(clean),
-            full_range=np.zeros(len(clean), bool),
-            mode=self.mode,
-            item_keys=per_item_keys(item_keys, len(clean)),
-        )
-        pool, files = self._ensure_process()
-        shares = [
-            s.tolist() for s in np.array_split(np.arange(len(clean)), min(self.threads, len(clean)))
-        ]
-        pending: Pending[Batch] = Pending(len(shares), batch)
+        out = batch_buffer(out, self.batch_shape(len(clean), t))
+        batch = Batch(video=out, items=clean, **self._records(len(clean), item_keys))
+        return self._dispatch(batch, len(clean), seed)
+
+    def _tasks(
+        self, batch: Batch, shares: list[list[int]], seed: int, files: FileCache
+    ) -> list[Task]:
         ahead = [self._prefetch(batch, s) for s in shares]
-        tasks = [self._share_task(batch, s, seed, files, a) for s, a in zip(shares, ahead)]
-        pool.submit(tasks, pending)
-        return pending
+        return [self._share_task(batch, s, seed, files, a) for s, a in zip(shares, ahead)]
 
     def _prefetch(self, batch: Batch, share: list[int]) -> Future[dict] | None:
         """For object-storage sources: the share's GOP ranges fetched now, on the prefetch
@@ -390,23 +374,6 @@ class Reader:
                 continue
         views = fetch_ranges(wanted)
         return {(o.url, a, b - a): v for (o, a, b), v in zip(wanted, views)}
-
-    def read(
-        self,
-        items: Sequence[Item],
-        out: np.ndarray | None = None,
-        seed: int | None = None,
-        item_keys: Sequence[int] | None = None,
-    ) -> Batch:
-        """Decode a batch and wait for it.
-
-        Args:
-            items: ``(video id, [display-order frame indices])`` per clip, the same count each.
-            out: receives the pixels (optional; shape ``batch_shape``, uint8, C-contiguous).
-            seed: clip ``i`` takes its crop and flips from ``(seed, i)`` (drawn when None).
-            item_keys: one int in ``[0, 2**64)`` per clip, as for ``submit``.
-        """
-        return self.submit(items, out, seed, item_keys).result()
 
     def _share_task(
         self,
@@ -490,7 +457,7 @@ class Reader:
         if id(decoder) not in tables:
             from kohakuclip.decode._clips import ShareTables
 
-            tables[id(decoder)] = (decoder, ShareTables(self.mode, self.size, self.window))
+            tables[id(decoder)] = (decoder, ShareTables(self.mode, self.size, self.yuv_size))
         share = tables[id(decoder)][1]
         crop, hflip, vflip = self._clip_geometry(batch, i, seed, track)
         start = thread_time()
@@ -529,8 +496,10 @@ class Reader:
         crop: Crop = square_crop(track.width, track.height, rng if self.crop == "random" else None)
         hflip = bool(rng.random() < self.hflip)
         vflip = bool(rng.random() < self.vflip)
-        if self.mode == "yuv" and crop.w > self.window:
-            raise ClipError(f"short side {crop.w} exceeds the yuv window {self.window} (window=)")
+        if self.mode == "yuv" and crop.w > self.yuv_size:
+            raise ClipError(
+                f"short side {crop.w} exceeds the {self.yuv_size}-pixel yuv window (yuv_size=)"
+            )
         batch.crops[i] = (crop.x, crop.y, crop.w, crop.h)
         batch.flips[i] = (hflip, vflip)
         batch.colorspaces[i] = track.colorspace
@@ -669,15 +638,10 @@ class Reader:
             return None
 
     def close(self) -> None:
-        """Join the threads (queued batches finish first) and close the files; the next use
-        starts new threads. A reader dropped without ``close()`` is closed when collected."""
-        self._pool.close()
+        """Join the threads and prefetch threads (queued batches finish first) and close the
+        files; the next use starts new threads. A reader dropped without ``close()`` is closed
+        when collected."""
+        super().close()
         if self._fetcher is not None and self._pid == os.getpid():
             self._fetcher.shutdown(wait=True, cancel_futures=True)
         self._fetcher = None
-
-    def __enter__(self) -> Reader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

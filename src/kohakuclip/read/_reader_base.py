@@ -1,0 +1,195 @@
+"""What ``Reader`` and ``ImageReader`` share: argument checks, ids, the per-process thread pool,
+a batch's split into one share per thread, reading, closing, and renamed-name aliases.
+
+Each reader keeps its own per-thread share task (the compiled hot path); this base only runs
+once per batch.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Protocol, TypeVar, get_args
+
+import numpy as np
+
+from kohakuclip.decode.pixels import OutputMode
+from kohakuclip.read.pool import OwnedPool, Pending, Task, ThreadPool
+from kohakuclip.read.seeding import per_item_keys
+from kohakuclip.storage.files import FileCache
+
+ItemT = TypeVar("ItemT")
+BatchT = TypeVar("BatchT")
+_R = TypeVar("_R", bound="ReaderBase[Any, Any]")
+
+Sources = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+
+class _Catalog(Protocol):
+    def __len__(self) -> int: ...
+
+    def ensure_process(self) -> None: ...
+
+
+def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
+    """A DeprecationWarning for a name that became ``new``."""
+    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=stacklevel)
+
+
+def renamed(old: str, new: str) -> Any:
+    """A read-only attribute ``old`` that warns and returns the attribute ``new``."""
+
+    def get(self: Any) -> Any:
+        warn_renamed(f"{type(self).__name__}.{old}", new)
+        return getattr(self, new)
+
+    return property(get, doc=f"Deprecated: ``{new}``.")
+
+
+class ReaderBase(ABC, Generic[ItemT, BatchT]):
+    """The checks, pool, dispatch and lifetime of a reader of ``ItemT`` items into ``BatchT``
+    batches. A subclass sets ``_catalog`` (with ``len`` and ``ensure_process``) and ``_pool``
+    (an ``OwnedPool`` whose release closes the catalog's files)."""
+
+    _noun = "item"  # what an id names, in messages
+    _catalog: _Catalog
+    _pool: OwnedPool
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        mode: OutputMode,
+        threads: int,
+        crop: str,
+        crops: Any,
+        hflip: float,
+        vflip: float,
+        seed: int | None,
+    ) -> None:
+        """Checks and keeps the arguments both readers take (``crops``: the crop Literal)."""
+        if mode not in get_args(OutputMode):
+            raise ValueError(f"mode must be one of {get_args(OutputMode)}, got {mode!r}")
+        if crop not in get_args(crops):
+            raise ValueError(f"crop must be one of {get_args(crops)}, got {crop!r}")
+        if not isinstance(size, int) or size < 2:
+            raise ValueError(f"size must be an int >= 2, got {size!r}")
+        for name, p in (("hflip", hflip), ("vflip", vflip)):
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name} must be a probability in [0, 1], got {p}")
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self.size, self.mode, self.threads, self.crop = size, mode, threads, crop
+        self.hflip, self.vflip = hflip, vflip
+        self._rng = np.random.default_rng(seed)
+        self._compiled = True  # False: every item through the Python path (the tests' twin)
+        self._pid = os.getpid()
+
+    @staticmethod
+    def _paths(sources: Sources) -> list[str]:
+        """One source or a sequence of them, as a list of path strings."""
+        paths = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+        return [os.fspath(p) for p in paths]
+
+    # -- ids -----------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._catalog)
+
+    def _check_id(self, item_id: Any) -> int:
+        """``item_id`` as an int, or IndexError when it is not an id of this reader."""
+        if not isinstance(item_id, (int, np.integer)) or not 0 <= item_id < len(self._catalog):
+            raise IndexError(
+                f"{self._noun} id {item_id!r} out of range (reader has {len(self)} {self._noun}s)"
+            )
+        return int(item_id)
+
+    # -- per process ---------------------------------------------------------------------------
+    def _ensure_process(self) -> tuple[ThreadPool, FileCache]:
+        """This process's threads and descriptors: threads, descriptors, locks and memory maps
+        belong to one process, so a forked child renews them (``_forked``) before first use."""
+        self._catalog.ensure_process()
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._forked()
+        return self._pool.get(self._make_worker()), self._file_cache()
+
+    def _forked(self) -> None:
+        """Renew what the subclass itself holds per process (first use in a forked child)."""
+
+    @abstractmethod
+    def _make_worker(self) -> Callable[[], Any]:
+        """The per-thread state factory (holding no reference to the reader)."""
+
+    @abstractmethod
+    def _file_cache(self) -> FileCache:
+        """This process's descriptor cache."""
+
+    # -- batches -------------------------------------------------------------------------------
+    def _records(self, n: int, item_keys: Sequence[int] | None) -> dict[str, Any]:
+        """A new batch's per-item records (filled in by the threads) besides pixels and items."""
+        return dict(
+            crops=np.zeros((n, 4), np.int32),
+            flips=np.zeros((n, 2), bool),
+            colorspaces=[""] * n,
+            full_range=np.zeros(n, bool),
+            mode=self.mode,
+            item_keys=per_item_keys(item_keys, n),
+        )
+
+    def _dispatch(self, batch: BatchT, n: int, seed: int | None) -> Pending[BatchT]:
+        """Queue the ``n`` items of ``batch``, one contiguous share per thread; item ``i`` of a
+        batch read without ``item_keys`` takes its random choices from ``(seed, i)``."""
+        if seed is None:
+            seed = int(self._rng.integers(0, 2**63 - 1))
+        pool, files = self._ensure_process()
+        shares = [s.tolist() for s in np.array_split(np.arange(n), min(self.threads, n))]
+        pending: Pending[BatchT] = Pending(len(shares), batch)
+        pool.submit(self._tasks(batch, shares, seed, files), pending)
+        return pending
+
+    @abstractmethod
+    def _tasks(
+        self, batch: BatchT, shares: list[list[int]], seed: int, files: FileCache
+    ) -> list[Task]:
+        """One task per share of ``batch`` (item positions), run on a pool thread."""
+
+    @abstractmethod
+    def submit(
+        self,
+        items: Sequence[ItemT],
+        out: np.ndarray | None = None,
+        seed: int | None = None,
+        item_keys: Sequence[int] | None = None,
+    ) -> Pending[BatchT]:
+        """Queue a batch for decoding; returns at once."""
+
+    def read(
+        self,
+        items: Sequence[ItemT],
+        out: np.ndarray | None = None,
+        seed: int | None = None,
+        item_keys: Sequence[int] | None = None,
+    ) -> BatchT:
+        """Decode a batch and wait for it (``submit(...).result()``).
+
+        Args:
+            items: the items of the batch, as for ``submit``.
+            out: receives the pixels (optional; shape ``batch_shape``, uint8, C-contiguous).
+            seed: item ``i`` takes its crop and flips from ``(seed, i)`` (drawn when None).
+            item_keys: one int in ``[0, 2**64)`` per item, as for ``submit``.
+        """
+        return self.submit(items, out, seed, item_keys).result()
+
+    # -- lifetime ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Join the threads (queued batches finish first) and close the files; the next use
+        starts new threads. A reader dropped without ``close()`` is closed when collected."""
+        self._pool.close()
+
+    def __enter__(self: _R) -> _R:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
