@@ -33,9 +33,9 @@ class _Catalog(Protocol):
     def ensure_process(self) -> None: ...
 
 
-def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
-    """A DeprecationWarning for a name that became ``new``."""
-    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=stacklevel)
+def warn_renamed(old: str, new: str) -> None:
+    """A DeprecationWarning, pointing at the caller's caller, for a name that became ``new``."""
+    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
 
 
 def renamed(old: str, new: str) -> Any:
