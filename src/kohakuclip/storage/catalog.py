@@ -17,14 +17,14 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kohakuclip.codecs.av1 import Av1Deps, Av1ParseError, analyze, sample_rows
+from kohakuclip.codecs.av1 import Av1Deps, Av1ParseError, analyze
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import (
     AV1_DEPS_KEY,
@@ -58,6 +58,7 @@ from kohakuclip.storage.remote import (
 from kohakuclip.storage.tar import find_tar_last_member, list_tar
 from kohakuclip.storage.view import ViewError, has_view, load_view, parse_view
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
+from kohakuclip.tracks import VideoTrack
 
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov")
 
@@ -73,49 +74,6 @@ class VideoRef:
     source: int  # index into Catalog.sources
     member: str  # member name in the archive, or path relative to the folder
     entry: VideoEntry | None = None  # header entry when the source has an index
-
-
-@dataclass
-class VideoTrack:
-    """Everything the planner and decoder need about one video, in decode order."""
-
-    codec: str
-    width: int
-    height: int
-    fps: float
-    colorspace: str  # "bt601" | "bt709"
-    full_range: bool
-    prefix: bytes  # AV1 sequence header OBU, or Annex-B parameter sets
-    nal_length_size: int  # 0: samples are AV1 OBUs; else the AVCC/HVCC length field size
-    path: str  # the file to pread from
-    offsets: np.ndarray  # absolute offsets in ``path``
-    sizes: np.ndarray
-    keep: np.ndarray  # bytes later frames need (== sizes where unknown)
-    keyframe: np.ndarray  # bool
-    # decode index -> display index, -1 for samples decoded but never shown (trimmed by an edit
-    # list); None: identity
-    display: np.ndarray | None = None
-    decode_of_display: np.ndarray | None = None  # display index -> decode index
-    key_positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    av1_frames: np.ndarray | None = None  # AV1_FRAME_RECORDs: per-frame dependencies
-    # per sample (and one past the last), the row of its first AV1_FRAME_RECORD
-    av1_rows: np.ndarray | None = None
-    n: int = 0  # frames shown
-    # the mp4 sample entry's decoder configuration (av1C / avcC / hvcC / vpcC payload, mpeg4's
-    # VOL headers): the extradata of codecs the PyAV fallback decodes without a prefix
-    config: bytes = b""
-
-    def __post_init__(self) -> None:
-        self.key_positions = np.flatnonzero(self.keyframe)
-        self.n = len(self.sizes)
-        if self.av1_frames is not None:
-            self.av1_rows = sample_rows(self.av1_frames, self.n)
-        if self.display is not None and not np.array_equal(self.display, np.arange(self.n)):
-            shown = np.flatnonzero(self.display >= 0)
-            self.n = len(shown)
-            self.decode_of_display = shown[np.argsort(self.display[shown], kind="stable")]
-        else:
-            self.display = None
 
 
 @dataclass
