@@ -27,9 +27,9 @@ from servers import http_server, s3_server, weed_binary
 
 from kohakuclip import ClipError, ImageReader, Reader, pack
 from kohakuclip.mp4.faststart import faststart
-from kohakuclip.read.image_catalog import ImageSourceError
-from kohakuclip.storage.catalog import SourceError
+from kohakuclip.storage.image_listing import ImageSourceError
 from kohakuclip.storage.remote import request_counts
+from kohakuclip.storage.video_listing import SourceError
 
 obstore = pytest.importorskip("obstore")
 
