@@ -6,9 +6,10 @@ folders with a dataset view (``dataset.json``, written by ``kohakuclip merge``):
 in the view's order, each video's header entry from the merged manifest, no shard opened.
 Zip shards, mp4 files and GulpIO directories may also be in object storage (``s3://``,
 ``gs://``, ``az://``, ``http(s)://``; ``storage.remote``), and a URL ending in ``/`` lists the
-shards or mp4 files under it. Opening a source reads at most its zip tail and index header (a
-few ranged reads, never a listing of members); a video's frame table comes from its index rows
-(one read), or from parsing the mp4's moov box, the first time the video is read (cached).
+shards or mp4 files under it (``http(s)://``: found from the writers' files, see
+``storage.prefix``). Opening a source reads at most its zip tail and index header (a few ranged
+reads, never a listing of members); a video's frame table comes from its index rows (one read),
+or from parsing the mp4's moov box, the first time the video is read (cached).
 """
 
 from __future__ import annotations
@@ -46,12 +47,12 @@ from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.index import video_entries
 from kohakuclip.storage.manifest import VideoManifests
+from kohakuclip.storage.prefix import list_prefix
 from kohakuclip.storage.ranged import Objects, RangedFile
 from kohakuclip.storage.remote import (
     ObjectStoreError,
     RemoteObject,
     is_url,
-    list_objects,
     local_path,
     suffix_of,
 )
@@ -220,7 +221,7 @@ class Catalog:
             else:
                 self._add_archive(url, remote=True)
             return
-        listed = list_objects(url, self.objects.options)
+        listed = list_prefix(url, self.objects.options)
         if any(found == url + DATASET_FILE for found, _ in listed):  # a merged dataset view
             self._add_view(url, dict(listed))
             return
