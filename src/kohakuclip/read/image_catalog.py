@@ -12,7 +12,9 @@ shards and image files may also be objects in object storage (``storage.remote``
 in ``/`` lists the shards or images under it): an indexed remote shard's table is read once
 whole instead of mapped (a prefix holding a dataset view opens no shard: each table is read
 when first used); a remote tar (e.g. WebDataset's) is listed header by header, one ranged read
-per member.
+per member; a prefix holding a GulpIO directory has its ``.gmeta`` files read whole and each
+frame fetched by one ranged read. An ``http(s)://`` prefix is found from the writers' files
+(``storage.prefix``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from kohakuclip.formats import (
     INDEX_MEMBER,
     SHARD_SUFFIXES,
 )
-from kohakuclip.gulp.index import GulpIndex, open_gulp_source
+from kohakuclip.gulp.index import GulpIndex, open_gulp_source, open_remote_gulp
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.read.image_manifest import ImageManifest
 from kohakuclip.storage.cache import BlockCache
@@ -48,12 +50,12 @@ from kohakuclip.storage.image_index import (
     member_names,
 )
 from kohakuclip.storage.index import IndexFormatError
+from kohakuclip.storage.prefix import list_prefix
 from kohakuclip.storage.ranged import Objects
 from kohakuclip.storage.remote import (
     ObjectStoreError,
     RemoteObject,
     is_url,
-    list_objects,
     local_path,
     suffix_of,
 )
@@ -185,9 +187,12 @@ class ImageCatalog:
         """An image shard in object storage, or every shard and image under a prefix."""
         if not url.endswith("/"):
             return [self._open_object(url, use_index)]
-        found = list_objects(url, self.objects.options)
+        found = list_prefix(url, self.objects.options)
         if any(name == url + DATASET_FILE for name, _ in found):  # a merged dataset view
             return self._open_remote_view(url, dict(found))
+        gulp = self._open_remote_gulp(url, found)
+        if gulp is not None:
+            return [gulp]
         shards, names = [], []
         for name, meta in found:
             self.objects.remote(name, meta)
@@ -200,6 +205,24 @@ class ImageCatalog:
         if not shards:
             raise ImageSourceError(f"{url}: no zip or tar shards or images under this prefix")
         return shards
+
+    def _open_remote_gulp(
+        self, url: str, listed: list[tuple[str, dict[str, Any]]]
+    ) -> _Source | None:
+        """The gulp directory directly under the prefix ``url`` (its ``.gmeta`` files read
+        whole, its frames later by ranged reads); None when there is none."""
+        sizes = {found: int(meta["size"]) for found, meta in listed}
+        for found, meta in listed:
+            self.objects.remote(found, meta)
+        try:
+            gulp = open_remote_gulp(
+                url, sizes, lambda meta: self.objects.read(meta, 0, sizes[meta]), self.objects.read
+            )
+        except ValueError as e:
+            raise ImageSourceError(str(e)) from None
+        if gulp is None:
+            return None
+        return _Source(url, "gulp", len(gulp.size), gulp=gulp, remote=True)
 
     def _open_remote_view(self, url: str, listed: Mapping[str, Mapping[str, Any]]) -> list[_Source]:
         """Every shard of the dataset view under the prefix ``url`` (``listed``: its objects,
@@ -394,6 +417,7 @@ class ImageCatalog:
                 0,
                 0,
                 0,
+                self.objects.remote(src.gulp.data_path(video)) if src.remote else None,
             )
         where = f"{src.path}:{src.names[k]}"
         if src.kind == "folder" and src.remote:
