@@ -10,7 +10,6 @@ import sys
 import cv2
 import numpy as np
 import pytest
-from media import VideoSpec, decode_rgb, frame_rgb, make_video, psnr
 from PIL import Image
 
 from kohakuclip.gulp import (
@@ -35,6 +34,7 @@ from kohakuclip.gulp.cli import (
     sanity_check_main,
     script_name,
 )
+from tests.media import VideoSpec, decode_rgb, frame_rgb, make_video, psnr
 
 SPECS = {
     "101": VideoSpec(frames=48, fps=24.0, seed=1),

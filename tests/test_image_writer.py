@@ -11,14 +11,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import simplejpeg
-from image_media import (
-    encode,
-    oriented_jpeg,
-    photo,
-    psnr,
-    write_tar,
-    write_zip,
-)
 from PIL import Image
 
 from kohakuclip.formats import (
@@ -32,6 +24,14 @@ from kohakuclip.storage.image_index import map_image_index, member_names
 from kohakuclip.storage.zip import list_zip
 from kohakuclip.write.image_cli import main as cli_main
 from kohakuclip.write.image_codecs import encode_pixels, quality_table
+from tests.image_media import (
+    encode,
+    oriented_jpeg,
+    photo,
+    psnr,
+    write_tar,
+    write_zip,
+)
 
 
 def _reference(upright: np.ndarray, max_short: int) -> np.ndarray:

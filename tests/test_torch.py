@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from media import VideoSpec, make_video
 from torch.utils.data import DataLoader
 
 import kohakuclip
@@ -26,6 +25,7 @@ from kohakuclip.torch import (
     sample_key,
     sample_rng,
 )
+from tests.media import VideoSpec, make_video
 
 SIZE, FRAMES, BATCH = 32, 4, 3
 LENGTHS = [24, 31, 40, 28, 36, 26]

@@ -11,7 +11,6 @@ import cv2
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from media import VideoSpec, decode_rgb, frame_rgb, make_video, psnr
 from PIL import Image
 
 from kohakuclip import Reader
@@ -20,6 +19,7 @@ from kohakuclip.write import cli
 from kohakuclip.write.gulp_videos import DEFAULT_GULP_FPS, encode_gulp_video, list_gulp_videos
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.shards import WriteError, write
+from tests.media import VideoSpec, decode_rgb, frame_rgb, make_video, psnr
 
 FAST = {"codec": "av1", "preset": 12, "crf": 20, "progress": False}
 SIZE = 64

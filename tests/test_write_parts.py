@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from media import VideoSpec, make_video
 
 import kohakuclip
 from kohakuclip import ClipError, Reader
@@ -27,6 +26,7 @@ from kohakuclip.write.merge import MergeError, merge
 from kohakuclip.write.parts import Part
 from kohakuclip.write.shards import WriteError, write
 from kohakuclip.write.sources import Source
+from tests.media import VideoSpec, make_video
 
 FAST = {"codec": "av1", "preset": 12, "per_shard": 2, "workers": 1, "progress": False}
 FAST_ARGS = ["--codec", "av1", "--preset", "12", "--per-shard", "2", "--workers", "1", "--quiet"]

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from media import VideoSpec, make_video
-from writer_media import read_index
 
 import kohakuclip.writer
 from kohakuclip import cli as demo_cli
 from kohakuclip.write import cli, shards
 from kohakuclip.write.shards import WriteError, write
 from kohakuclip.write.sources import Source
+from tests.media import VideoSpec, make_video
+from tests.writer_media import read_index
 
 FAST = {"codec": "av1", "preset": 12, "progress": False}
 
