@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from kohakuclip.image_writer import write_images
+from kohakuclip import write_images
 from kohakuclip.read.image_reader import ImageReader
 from kohakuclip.torch import ClipLoader, ImageDataset, sample_key
 from tests.image_media import photo

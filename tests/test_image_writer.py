@@ -13,13 +13,13 @@ import pytest
 import simplejpeg
 from PIL import Image
 
+from kohakuclip import ImageSkip, encode_image, pack_images, write_images
 from kohakuclip.formats import (
     COLOR_FULL_RANGE,
     COLOR_GRAY,
     IMAGE_CODECS,
     INDEX_MEMBER,
 )
-from kohakuclip.image_writer import ImageSkip, encode_image, pack_images, write_images
 from kohakuclip.storage.image_index import map_image_index, member_names
 from kohakuclip.storage.zip import list_zip
 from kohakuclip.write.image_cli import main as cli_main

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kohakuclip import ClipError, Reader
+from kohakuclip import ClipError, Reader, write_videos
 from kohakuclip.gulp import GulpDirectory
 from kohakuclip.gulp.chunk import ChunkBuilder
-from kohakuclip.write.shards import write
 from tests.media import VideoSpec, frame_rgb, make_video, psnr
 
 
@@ -90,7 +89,7 @@ def test_shard_manifest_metadata_reaches_info(tmp_path) -> None:
     (src / "a.txt").write_text("a caption")
     make_video(VideoSpec(codec="h264", width=64, height=48, frames=8), str(src / "b.mp4"))
     (src / "b.json").write_text('{"label": "cat", "score": 3}')
-    result = write(str(tmp_path / "out"), [str(src)], codec="h264", progress=False)
+    result = write_videos(str(tmp_path / "out"), [str(src)], codec="h264", progress=False)
     shards = [str(tmp_path / "out" / s) for s in result.shards]
     with Reader(shards, size=16) as reader:
         metas = {reader.info(v).member: reader.info(v).meta for v in range(len(reader))}
@@ -108,7 +107,7 @@ def test_rotated_sources_read_upright(tmp_path) -> None:
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "rot.mp4").write_bytes(source)
     out = str(tmp_path / "out")
-    result = write(out, [str(tmp_path / "src")], codec="h264", crf=12, progress=False)
+    result = write_videos(out, [str(tmp_path / "src")], codec="h264", crf=12, progress=False)
     upright = upright_reference(source, 90)
     with Reader([str(tmp_path / "out" / s) for s in result.shards], size=64, crop="center") as r:
         info = r.info(0)
