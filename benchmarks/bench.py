@@ -64,12 +64,14 @@ json.dump({"wall": wall, "cpu": cpu, "stats": stats}, sys.stdout)
 NAIVE = r"""
 import io, json, sys, time
 import av, cv2, numpy as np
-from kohakuclip.storage.catalog import Catalog
+from kohakuclip.storage.video_catalog import Catalog
+from kohakuclip.storage.video_resolve import member_location
 spec = json.load(sys.stdin)
 cat = Catalog(spec["sources"])
 S = spec["size"]
 def member_bytes(vid):
-    path, base, size = cat._member_location(vid)
+    ref = cat.videos[vid]
+    path, base, size = member_location(cat.objects, cat.sources[ref.source], ref, cat.where(vid))
     with open(path, "rb") as f:
         f.seek(base)
         return f.read(size)

@@ -27,7 +27,7 @@ from kohakuclip.formats import (
     manifest_table,
     read_index_header,
 )
-from kohakuclip.read.image_manifest import ImageManifest
+from kohakuclip.storage.image_manifest import ImageManifest
 from kohakuclip.storage.zip import find_zip_member
 from tests.media import VideoSpec, make_video
 

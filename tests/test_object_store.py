@@ -24,9 +24,9 @@ from PIL import Image
 
 from kohakuclip import ClipError, ImageReader, Reader, pack
 from kohakuclip.mp4.faststart import faststart
-from kohakuclip.read.image_catalog import ImageSourceError
-from kohakuclip.storage.catalog import SourceError
+from kohakuclip.storage.image_listing import ImageSourceError
 from kohakuclip.storage.remote import request_counts
+from kohakuclip.storage.video_listing import SourceError
 from tests.image_media import photo
 from tests.media import VideoSpec, make_video
 from tests.servers import http_server, s3_server, weed_binary

@@ -164,7 +164,7 @@ def test_packets_end_in_zero_padding(media: dict[str, bytes], tmp_path) -> None:
 
     from kohakuclip.decode.video import ClipDecoder
     from kohakuclip.read.plan import plan_clip
-    from kohakuclip.storage.catalog import Catalog
+    from kohakuclip.storage.video_catalog import Catalog
 
     (tmp_path / "m.mp4").write_bytes(media["mpeg4"])
     catalog = Catalog([str(tmp_path)])

@@ -16,7 +16,7 @@ from PIL import Image
 
 from kohakuclip import ImageReader, Reader
 from kohakuclip import cli as kohakuclip_cli
-from kohakuclip.storage.catalog import SourceError
+from kohakuclip.storage.video_listing import SourceError
 from kohakuclip.write import image_cli
 from kohakuclip.write.images import write_images
 from kohakuclip.write.merge import merge

@@ -20,7 +20,6 @@ from kohakuclip.formats import IndexFormatError
 from kohakuclip.gulp.frames import GulpError, RecordError
 from kohakuclip.mp4.boxes import Mp4Error
 from kohakuclip.mp4.moov import UnsupportedVideo
-from kohakuclip.read.image_catalog import ImageSourceError
 from kohakuclip.read.image_reader import ImageBatch, ImageInfo, ImageReader, ImageReadError
 from kohakuclip.read.permute import permute
 from kohakuclip.read.plan import FrameRangeError
@@ -29,8 +28,9 @@ from kohakuclip.read.reader import Batch, ClipError, Reader, VideoInfo
 from kohakuclip.read.sample import clip, random_frames
 from kohakuclip.read.stream import SampleStream
 from kohakuclip.sheet import contact_sheet
-from kohakuclip.storage.catalog import SourceError
+from kohakuclip.storage.image_listing import ImageSourceError
 from kohakuclip.storage.remote import MissingObjectError, ObjectStoreError
+from kohakuclip.storage.video_listing import SourceError
 from kohakuclip.storage.view import ViewError
 from kohakuclip.storage.zip import ArchiveError
 from kohakuclip.summary import VideoSummary, describe

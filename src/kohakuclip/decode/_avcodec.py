@@ -8,10 +8,11 @@ int64 array of its pointers (``AvcodecDecoder.handle``).
 
 The AVFrame and AVPacket fields read or written are plain struct offsets: those of libavutil 60
 / libavcodec 62 (FFmpeg 8, ``libavutil/frame.h``, ``libavcodec/packet.h``) on a 64-bit
-platform. ``library()`` checks them once per process: the library versions against PyAV's,
-the defaults ``av_frame_alloc`` / ``av_packet_alloc`` write, and a decode of a small x264
-stream and of JPEG pictures (4:2:0, 4:2:2, 4:4:4, gray; full size and lowres) compared with
-PyAV's (``layout``). On any mismatch it warns once and returns None: callers then use PyAV.
+platform, unchanged in libavutil 61 / libavcodec 63 (the build in PyAV 19, Python >= 3.12).
+``library()`` checks them once per process: the library versions against PyAV's, the defaults
+``av_frame_alloc`` / ``av_packet_alloc`` write, and a decode of a small x264 stream and of JPEG
+pictures (4:2:0, 4:2:2, 4:4:4, gray; full size and lowres) compared with PyAV's (``layout``).
+On any mismatch it warns once and returns None: callers then use PyAV.
 
 The ``library()`` call must come before any compiled code that uses the primitives runs (it
 loads the symbols they resolve).
@@ -41,7 +42,8 @@ from kohakuclip.decode._dav1d import _voidptr
 from kohakuclip.errors import KohakuClipError
 
 # --- struct layouts (libavutil 60 / libavcodec 62, LP64 and LLP64) -------------------------
-_AVUTIL_MAJOR, _AVCODEC_MAJOR = 60, 62
+# (libavutil, libavcodec) majors whose AVFrame / AVPacket put the fields below at these offsets
+_MAJORS = ((60, 62), (61, 63))
 # AVFrame byte offsets
 _F_DATA, _F_LINESIZE, _F_EXTENDED_DATA = 0, 64, 96
 _F_WIDTH, _F_HEIGHT, _F_FORMAT = 104, 108, 116
@@ -400,10 +402,11 @@ def _open_libraries() -> Library | str:
             return f"no lib{name} {'.'.join(map(str, want))} (PyAV's) next to the av package"
     codec_version = _triple(cdlls["avcodec"].avcodec_version())
     util_major = _triple(cdlls["avutil"].avutil_version())[0]
-    if (util_major, codec_version[0]) != (_AVUTIL_MAJOR, _AVCODEC_MAJOR):
+    if (util_major, codec_version[0]) not in _MAJORS:
+        known = ", ".join(f"{u} / {c}" for u, c in _MAJORS)
         return (
             f"libavutil {util_major} / libavcodec {codec_version[0]}: the struct layouts "
-            f"here are those of {_AVUTIL_MAJOR} / {_AVCODEC_MAJOR}"
+            f"here are those of {known}"
         )
     lib = Library(
         cdlls["avcodec"], cdlls["avutil"], paths["avcodec"], paths["avutil"], codec_version

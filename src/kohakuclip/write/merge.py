@@ -28,7 +28,6 @@ import pyarrow.parquet as pq
 
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import DATASET_FILE, MANIFEST_FILE, SKIPPED_FILE, manifest_table
-from kohakuclip.storage.catalog import SourceError, index_layout
 from kohakuclip.storage.image_index import find_image_index
 from kohakuclip.storage.index import IndexFormatError
 from kohakuclip.storage.remote import (
@@ -39,6 +38,7 @@ from kohakuclip.storage.remote import (
     open_object,
     store_for,
 )
+from kohakuclip.storage.video_listing import SourceError, index_layout
 from kohakuclip.storage.view import DatasetView, ShardListing, ViewKind, dump_view
 from kohakuclip.storage.zip import ArchiveError
 from kohakuclip.write.pack import TEMP_SUFFIX
