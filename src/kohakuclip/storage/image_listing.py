@@ -9,7 +9,9 @@ the view's order, each opened from the view's index location without reading the
 and tar shards and image files may also be objects in object storage (``storage.remote``; a URL
 ending in ``/`` lists the shards or images under it): an indexed remote shard's table is read
 once whole here (a prefix holding a dataset view opens no shard); a remote tar (e.g.
-WebDataset's) is listed header by header, one ranged read per member.
+WebDataset's) is listed header by header, one ranged read per member; a prefix holding a GulpIO
+directory has its ``.gmeta`` files read whole (each frame is fetched later by one ranged read).
+An ``http(s)://`` prefix is found from the writers' files (``storage.prefix``).
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import numpy as np
 
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import DATASET_FILE, IMAGE_SUFFIXES, INDEX_MEMBER, SHARD_SUFFIXES
-from kohakuclip.gulp.index import GulpIndex, open_gulp_source
+from kohakuclip.gulp.index import GulpIndex, open_gulp_source, open_remote_gulp
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.storage.folder import list_folder
 from kohakuclip.storage.image_index import find_image_index, load_image_index
 from kohakuclip.storage.index import IndexFormatError
+from kohakuclip.storage.prefix import list_prefix
 from kohakuclip.storage.ranged import Objects
-from kohakuclip.storage.remote import ObjectStoreError, is_url, list_objects, local_path, suffix_of
+from kohakuclip.storage.remote import ObjectStoreError, is_url, local_path, suffix_of
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.view import ViewError, has_view, load_view, parse_view
 from kohakuclip.storage.zip import ArchiveError, Member, list_zip
@@ -141,9 +144,12 @@ def _open_remote(objects: Objects, url: str, use_index: bool) -> list[ImageSourc
     """An image shard in object storage, or every shard and image under a prefix."""
     if not url.endswith("/"):
         return [_open_object(objects, url, use_index)]
-    found = list_objects(url, objects.options)
+    found = list_prefix(url, objects.options)
     if any(name == url + DATASET_FILE for name, _ in found):  # a merged dataset view
         return _open_remote_view(objects, url, dict(found))
+    gulp = _open_remote_gulp(objects, url, found)
+    if gulp is not None:
+        return [gulp]
     shards, names = [], []
     for name, meta in found:
         objects.remote(name, meta)
@@ -156,6 +162,25 @@ def _open_remote(objects: Objects, url: str, use_index: bool) -> list[ImageSourc
     if not shards:
         raise ImageSourceError(f"{url}: no zip or tar shards or images under this prefix")
     return shards
+
+
+def _open_remote_gulp(
+    objects: Objects, url: str, listed: list[tuple[str, dict[str, Any]]]
+) -> ImageSource | None:
+    """The gulp directory directly under the prefix ``url`` (its ``.gmeta`` files read whole,
+    its frames later by ranged reads); None when there is none."""
+    sizes = {found: int(meta["size"]) for found, meta in listed}
+    for found, meta in listed:
+        objects.remote(found, meta)
+    try:
+        gulp = open_remote_gulp(
+            url, sizes, lambda meta: objects.read(meta, 0, sizes[meta]), objects.read
+        )
+    except ValueError as e:
+        raise ImageSourceError(str(e)) from None
+    if gulp is None:
+        return None
+    return ImageSource(url, "gulp", len(gulp.size), gulp=gulp, remote=True)
 
 
 def _open_remote_view(

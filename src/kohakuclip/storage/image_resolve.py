@@ -81,6 +81,7 @@ def resolve_image(objects: Objects, src: ImageSource, k: int) -> ImageLocation:
             0,
             0,
             0,
+            objects.remote(src.gulp.data_path(video)) if src.remote else None,
         )
     where = f"{src.path}:{src.names[k]}"
     if src.kind == "folder" and src.remote:

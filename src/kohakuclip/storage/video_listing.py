@@ -6,7 +6,8 @@ files, GulpIO directories, and folders with a dataset view (``dataset.json``, wr
 ``kohakuclip merge``): their shards in the view's order, each video's header entry from the
 merged manifest, no shard opened. Zip shards, mp4 files and GulpIO directories may also be in
 object storage (``s3://``, ``gs://``, ``az://``, ``http(s)://``; ``storage.remote``), and a URL
-ending in ``/`` lists the shards or mp4 files under it. Opening a source reads at most its zip
+ending in ``/`` lists the shards or mp4 files under it (``http(s)://``: found from the
+writers' files, see ``storage.prefix``). Opening a source reads at most its zip
 tail and index header (a few ranged reads, never a listing of members); no frame table is read
 here (``storage.video_resolve`` does that).
 """
@@ -38,8 +39,9 @@ from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.folder import list_folder
 from kohakuclip.storage.index import video_entries
+from kohakuclip.storage.prefix import list_prefix
 from kohakuclip.storage.ranged import Objects
-from kohakuclip.storage.remote import ObjectStoreError, is_url, list_objects, local_path, suffix_of
+from kohakuclip.storage.remote import ObjectStoreError, is_url, local_path, suffix_of
 from kohakuclip.storage.tar import find_tar_last_member, list_tar
 from kohakuclip.storage.view import ViewError, has_view, load_view, parse_view
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
@@ -189,7 +191,7 @@ class _Lister:
             else:
                 self._add_archive(url, remote=True)
             return
-        listed = list_objects(url, self.objects.options)
+        listed = list_prefix(url, self.objects.options)
         if any(found == url + DATASET_FILE for found, _ in listed):  # a merged dataset view
             self._add_view(url, dict(listed))
             return
