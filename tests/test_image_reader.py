@@ -9,13 +9,13 @@ import zipfile
 
 import numpy as np
 import pytest
-from image_media import encode, photo, psnr, write_tar, write_zip
 from PIL import Image
 
+from kohakuclip import write_images
 from kohakuclip.decode.image import JPEG_COLORSPACE, dct_denominator
 from kohakuclip.decode.pixels import Crop
-from kohakuclip.image_writer import write_images
 from kohakuclip.read.image_reader import ImageReader, ImageReadError
+from tests.image_media import encode, photo, psnr, write_tar, write_zip
 
 SIZE = 96
 

@@ -24,7 +24,7 @@ _IO = {"storage.cache", "storage.files", "storage.ranged", "storage.remote"}  # 
 _READ = _STORAGE | {"gulp", "decode", "read"}
 _WRITE = _READ | {"write"}
 _TOOLS = _WRITE | {"check", "summary", "sheet", "gpu", "_yuv_torch", "torch", "cli"}
-_ANY = _TOOLS | {"writer", "image_writer", ROOT}
+_ANY = _TOOLS | {ROOT}
 
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
@@ -46,13 +46,11 @@ ALLOWED: dict[str, set[str]] = {
     "sheet": {"read"},
     "torch": _TOOLS | {ROOT},
     "cli": _TOOLS,
-    "writer": {"write"},
-    "image_writer": {"write"},
     ROOT: _ANY,
 }
 
 UPPER = {"decode", "read", "write", "check", "summary", "sheet", "gpu", "_yuv_torch", "torch"}
-UPPER |= {"cli", "writer", "image_writer", ROOT}
+UPPER |= {"cli", ROOT}
 
 
 def _unit(rel: Path) -> str:
@@ -124,7 +122,7 @@ def test_the_table_keeps_the_layer_rules() -> None:
     for lower in ("storage", "gulp"):
         assert {p.split(".")[0] for p in ALLOWED[lower]} & UPPER == set()
     for unit in ("decode", "read"):
-        forbidden = {"write", "writer", "image_writer", "cli", "torch", "check", ROOT}
+        forbidden = {"write", "cli", "torch", "check", ROOT}
         assert {p.split(".")[0] for p in ALLOWED[unit]} & forbidden == set()
     assert "read" not in ALLOWED["decode"]
 

@@ -20,16 +20,16 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
-from image_media import photo
-from media import VideoSpec, make_video
 from PIL import Image
-from servers import http_server, s3_server, weed_binary
 
 from kohakuclip import ClipError, ImageReader, Reader, pack
 from kohakuclip.mp4.faststart import faststart
 from kohakuclip.storage.image_listing import ImageSourceError
 from kohakuclip.storage.remote import request_counts
 from kohakuclip.storage.video_listing import SourceError
+from tests.image_media import photo
+from tests.media import VideoSpec, make_video
+from tests.servers import http_server, s3_server, weed_binary
 
 obstore = pytest.importorskip("obstore")
 

@@ -9,13 +9,13 @@ import os
 import av
 import numpy as np
 import pytest
-from fmp4_media import remux
-from media import VideoSpec, decode_planes, make_video, psnr
-from test_mp4 import assert_matches_pyav
 
 from kohakuclip import ClipError, Reader, pack
 from kohakuclip.mp4.moov import UnsupportedVideo, parse_mp4_bytes
 from kohakuclip.write.pack import PackError
+from tests.fmp4_media import remux
+from tests.media import VideoSpec, decode_planes, make_video, psnr
+from tests.test_mp4 import assert_matches_pyav
 
 SIZE = 64
 VP9 = {"g": "8", "cpu-used": "8"}
