@@ -29,8 +29,8 @@ SPECS = (("8@6fps", 8, 4), ("8@24fps", 8, 1), ("16@6fps", 16, 4), ("8 random", 8
 
 
 def synthetic(seconds: float) -> bytes:
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    from media import VideoSpec, make_video
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from tests.media import VideoSpec, make_video
 
     params = "keyint=16:enable-dlf=0:enable-cdef=0:enable-restoration=0"
     spec = VideoSpec(

@@ -64,12 +64,14 @@ json.dump({"wall": wall, "cpu": cpu, "stats": stats}, sys.stdout)
 NAIVE = r"""
 import io, json, sys, time
 import av, cv2, numpy as np
-from kohakuclip.storage.catalog import Catalog
+from kohakuclip.storage.video_catalog import Catalog
+from kohakuclip.storage.video_resolve import member_location
 spec = json.load(sys.stdin)
 cat = Catalog(spec["sources"])
 S = spec["size"]
 def member_bytes(vid):
-    path, base, size = cat._member_location(vid)
+    ref = cat.videos[vid]
+    path, base, size = member_location(cat.objects, cat.sources[ref.source], ref, cat.where(vid))
     with open(path, "rb") as f:
         f.seek(base)
         return f.read(size)
@@ -192,13 +194,13 @@ def make_sources(n: int, out: str, codec: str, width: int = 910, height: int = 5
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from content import natural_videos
 
-    from kohakuclip.write.shards import write
+    from kohakuclip import write_videos
 
     geometry = f"{width}x{height}"
     videos = natural_videos(os.path.join(out, f"sources_{geometry}"), n, width=width, height=height)
     shards = os.path.join(out, f"shards_{codec}_{geometry}")
     if not os.path.isdir(shards):
-        write(shards, videos, codec=codec, per_shard=max(1, n // 2), progress=True)
+        write_videos(shards, videos, codec=codec, per_shard=max(1, n // 2), progress=True)
     return sorted(os.path.join(shards, f) for f in os.listdir(shards) if f.startswith("shard_"))
 
 

@@ -16,7 +16,7 @@ side at ``--store`` pixels. Then reads batches of ``--batch`` clips of ``--clip`
   when those modules are available;
 - ``kohakuclip.Reader`` (in process, ``--threads`` threads, the same seeded clips) on both gulp
   directories as they are, and on AV1 shards converted from the native-fps gulp directory by
-  ``kohakuclip.writer.write`` (what ``kohakuclip-write OUT GULP_DIR`` does).
+  ``kohakuclip.write_videos`` (what ``kohakuclip-write OUT GULP_DIR`` does).
 
 Each run reads one warm-up batch, then times ``--batches`` batches; ``--rounds`` repeats them
 all, interleaved. CPU ms/clip counts this process's threads (so only the in-process runs have it):
@@ -162,13 +162,13 @@ def shard_rate(args: argparse.Namespace, shard: str) -> tuple[float, float] | No
 def make_converted(args: argparse.Namespace, gulp: str) -> tuple[list[str], float]:
     """AV1 shards written from a gulp directory (kohakuclip-write's defaults); their paths and
     the seconds the conversion took (0 when already there)."""
-    from kohakuclip.writer import write
+    from kohakuclip import write_videos
 
     out = os.path.join(args.work, "av1_from_gulp")
     seconds = 0.0
     if not os.path.isdir(out):
         start = time.perf_counter()
-        write(out, [gulp], max_short=args.store, progress=False)
+        write_videos(out, [gulp], max_short=args.store, progress=False)
         seconds = time.perf_counter() - start
     shards = sorted(os.path.join(out, n) for n in os.listdir(out) if n.startswith("shard_"))
     return shards, seconds

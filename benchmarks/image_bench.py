@@ -34,7 +34,7 @@ from PIL import Image
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from photo_like import photo_like
 
-from kohakuclip.image_writer import write_images
+from kohakuclip import write_images
 from kohakuclip.read.image_reader import ImageReader
 
 BATCH = 64

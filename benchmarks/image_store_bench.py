@@ -201,7 +201,7 @@ def _at_psnr(rows: list[tuple[int, float, float, float, float]], target: float) 
 
 
 def _writer_throughput(originals: list[np.ndarray], workers: list[int]) -> None:
-    from kohakuclip.image_writer import write_images
+    from kohakuclip import write_images
 
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "src")

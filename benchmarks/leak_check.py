@@ -76,11 +76,11 @@ def make_shards(root: str) -> list[str]:
     sys.path.insert(0, HERE)
     from content import natural_videos
 
-    from kohakuclip.write.shards import write
+    from kohakuclip import write_videos
 
     videos = natural_videos(os.path.join(root, "sources"), 4, seconds=4.0, width=320, height=180)
     out = os.path.join(root, "shards")
-    result = write(out, videos, codec="av1", per_shard=2, progress=False)
+    result = write_videos(out, videos, codec="av1", per_shard=2, progress=False)
     return [os.path.join(out, s) for s in result.shards]
 
 
@@ -161,7 +161,7 @@ def main() -> None:
 def _make_image_shard(folder: str) -> None:
     from PIL import Image
 
-    from kohakuclip.image_writer import write_images
+    from kohakuclip import write_images
 
     src = os.path.join(folder, "src")
     os.makedirs(src, exist_ok=True)

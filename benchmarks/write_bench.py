@@ -7,15 +7,15 @@
 Each encoder re-encodes the same sources one after the other with one thread (the writer runs one
 video per thread, so per-thread speed is what scales), first ours, then the reference in its own
 process; the ratio is ours / reference (lower is faster). The reference's FFmpeg has SVT-AV1 only,
-so it is compared on AV1. ``--workers`` also times ``write`` with that many encoder threads
+so it is compared on AV1. ``--workers`` also times ``write_videos`` with that many encoder threads
 against one, to show how encoding scales. Without videos, ``--make N`` natural-looking synthetic
 clips (benchmarks/content.py, 640x360, 24 fps) are made first: real footage encodes at other
 speeds, so quote these numbers with that caveat.
 
 ``--cluster`` measures the job as a cluster runs it (AV1 defaults): videos and minutes of video
 per hour per core from one worker, the scaling to 2 worker threads in one process, and from 1 to
-2 Ray tasks (``write(..., ray=True)`` on a local 2-CPU Ray, started once and warmed up first),
-then what ``--cores`` cores do per day at the one-worker rate.
+2 Ray tasks (``write_videos(..., ray=True)`` on a local 2-CPU Ray, started once and warmed up
+first), then what ``--cores`` cores do per day at the one-worker rate.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Callable
 import av
 
 from kohakuclip.write.settings import EncodeSettings
-from kohakuclip.write.shards import write
+from kohakuclip.write.shards import write_videos
 from kohakuclip.write.video import encode_video
 
 REFERENCE = r"""
@@ -82,12 +82,13 @@ def _reference(python: str, paths: list[str], codec: str) -> float | None:
 
 
 def _scaling(paths: list[str], workers: int) -> tuple[float, float]:
-    """Wall seconds of ``write`` (AV1 defaults) with 1 and with ``workers`` encoder threads."""
+    """Wall seconds of ``write_videos`` (AV1 defaults) with 1 and with ``workers`` encoder
+    threads."""
     walls = []
     for count in (1, workers):
         with tempfile.TemporaryDirectory() as out:
             start = time.perf_counter()
-            write(out, paths, workers=count, progress=False)
+            write_videos(out, paths, workers=count, progress=False)
             walls.append(time.perf_counter() - start)
     return walls[0], walls[1]
 
@@ -101,8 +102,8 @@ def _wall(run: Callable[[str], object]) -> float:
 
 def _cluster(paths: list[str], minutes: float, cores: list[int]) -> None:
     """Per-core rates, 1 -> 2 workers, 1 -> 2 Ray tasks, and the per-day rate of N cores."""
-    one = _wall(lambda out: write(out, paths, workers=1, progress=False))
-    two = _wall(lambda out: write(out, paths, workers=2, progress=False))
+    one = _wall(lambda out: write_videos(out, paths, workers=1, progress=False))
+    two = _wall(lambda out: write_videos(out, paths, workers=2, progress=False))
     per_hour = len(paths) / one * 3600
     print(f"{len(paths)} videos, {minutes * 60:.0f} s of video, AV1 defaults")
     print(
@@ -117,9 +118,11 @@ def _cluster(paths: list[str], minutes: float, cores: list[int]) -> None:
     else:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         try:
-            _wall(lambda out: write(out, paths[:2], ray=True, ray_parts=2, progress=False))
+            _wall(lambda out: write_videos(out, paths[:2], ray=True, ray_parts=2, progress=False))
             tasks = [
-                _wall(lambda out, n=n: write(out, paths, ray=True, ray_parts=n, progress=False))
+                _wall(
+                    lambda out, n=n: write_videos(out, paths, ray=True, ray_parts=n, progress=False)
+                )
                 for n in (1, 2)
             ]
         finally:
@@ -175,7 +178,7 @@ def main() -> None:
         if args.workers > 1:
             one, many = _scaling(paths, args.workers)
             print(
-                f"write(), AV1 defaults: 1 thread {one:.1f} s, {args.workers} threads "
+                f"write_videos(), AV1 defaults: 1 thread {one:.1f} s, {args.workers} threads "
                 f"{many:.1f} s: {one / many:.2f}x"
             )
 

@@ -1,9 +1,6 @@
 import os
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.dirname(__file__))
 
 # One BLAS / OpenMP thread per test process: the decode pools are the parallelism, and spinning
 # BLAS workers on a 2-core runner only compete with them.

@@ -13,11 +13,11 @@ import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from media import VideoSpec, frame_rgb, make_video
 
 from kohakuclip import pack
 from kohakuclip.formats import MANIFEST_FILE
 from kohakuclip.gulp.chunk import ChunkBuilder
+from tests.media import VideoSpec, frame_rgb, make_video
 
 SPECS = {
     "av1.mp4": VideoSpec(codec="av1", width=64, height=48, frames=40, blur=1.0, seed=1),

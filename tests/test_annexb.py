@@ -9,7 +9,6 @@ import av
 import av.bitstream
 import numpy as np
 import pytest
-from media import VideoSpec, decode_rgb, make_video
 
 from kohakuclip.codecs.annexb import (
     AnnexBError,
@@ -20,6 +19,7 @@ from kohakuclip.codecs.annexb import (
     to_annexb,
 )
 from kohakuclip.mp4.moov import parse_mp4_bytes
+from tests.media import VideoSpec, decode_rgb, make_video
 
 CODECS = ["h264", "hevc"]
 

@@ -19,9 +19,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from media import VideoSpec, decode_planes, make_video
-from reference import REFERENCE_ENV, REFERENCE_PYTHON, needs_reference
-from test_av1_syntax import ffmpeg_trace, obu
 
 from kohakuclip.codecs.av1 import (
     Av1Deps,
@@ -50,6 +47,9 @@ from kohakuclip.formats import (
     read_index_header,
 )
 from kohakuclip.storage.index import VideoIndex
+from tests.media import VideoSpec, decode_planes, make_video
+from tests.reference import REFERENCE_ENV, REFERENCE_PYTHON, needs_reference
+from tests.test_av1_syntax import ffmpeg_trace, obu
 
 _FILTERS_OFF = "enable-dlf=0:enable-cdef=0"
 STREAMS = {

@@ -15,7 +15,6 @@ import av
 import numba
 import numpy as np
 import pytest
-from media import VideoSpec, make_video
 from PIL import Image
 
 from kohakuclip.codecs.annexb import AnnexBError, to_annexb
@@ -45,6 +44,7 @@ from kohakuclip.decode._avcodec import (
 )
 from kohakuclip.decode.video import padded_packet
 from kohakuclip.mp4.moov import parse_mp4_bytes
+from tests.media import VideoSpec, make_video
 
 Frame = tuple[int, tuple[np.ndarray, ...]]
 

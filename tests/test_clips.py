@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from image_media import photo
-from media import VideoSpec, make_video
 from PIL import Image
 
 from kohakuclip import ClipError, ImageReader, Reader
 from kohakuclip.read.image_reader import ImageReadError
 from kohakuclip.write.pack import pack
+from tests.image_media import photo
+from tests.media import VideoSpec, make_video
 
 VIDEOS = {
     "bframes.mp4": VideoSpec(width=98, height=70, frames=36, options={"bf": "2", "g": "12"}),
@@ -209,9 +209,8 @@ def test_reach_back_starts_decoding_keyframes_earlier(sources: Sources) -> None:
 
 
 GIL_CHILD = r"""
-import json, sys
-sys.path.insert(0, BENCH)
-from _gil_count import GilCounter, difference
+import json
+from benchmarks._gil_count import GilCounter, difference
 from kohakuclip import ImageReader, Reader
 counter = GilCounter()
 out = {}
@@ -238,17 +237,14 @@ def test_a_share_takes_the_gil_a_few_times_not_per_clip(sources: Sources, tmp_pa
     import subprocess
     import sys
 
-    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-    sys.path.insert(0, bench)
-    import _gil_count
+    from benchmarks import _gil_count
+    from tests.paths import child_env
 
     lib = _gil_count.build(str(tmp_path))
-    code = (
-        f"BENCH, FOLDER, IMAGES = {bench!r}, {sources.folder!r}, {sources.images!r}\n" + GIL_CHILD
-    )
+    code = f"FOLDER, IMAGES = {sources.folder!r}, {sources.images!r}\n" + GIL_CHILD
     proc = subprocess.run(
         [sys.executable, "-c", code],
-        env=_gil_count.preload_env(lib),
+        env=child_env(_gil_count.preload_env(lib)),
         capture_output=True,
         text=True,
         timeout=300,

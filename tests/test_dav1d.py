@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from media import VideoSpec, make_video
 
 from kohakuclip import ClipError, Reader
 from kohakuclip.decode import _dav1d
@@ -18,6 +17,7 @@ from kohakuclip.decode.pixels import yuv420_frame_bytes
 from kohakuclip.decode.video import ClipDecoder, takes_dav1d
 from kohakuclip.read.plan import plan_clip
 from kohakuclip.write.pack import pack
+from tests.media import VideoSpec, make_video
 
 SPECS = {
     "odd.mp4": VideoSpec(codec="av1", width=98, height=70, frames=40, blur=1.5),

@@ -1,5 +1,6 @@
 """Every error the package raises on purpose derives from ``kohakuclip.KohakuClipError`` (and
-from the builtin it always was), and no two error classes share a name."""
+from the builtin it always was), is importable from ``kohakuclip``, and no two error classes
+share a name."""
 
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ def test_every_error_class_derives_from_the_base() -> None:
     assert outside == [], outside
     names = [c.__name__ for c in classes]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_every_error_class_is_exported_from_the_root() -> None:
+    not_exported = [
+        c.__qualname__
+        for c in _error_classes()
+        if getattr(kohakuclip, c.__name__, None) is not c or c.__name__ not in kohakuclip.__all__
+    ]
+    assert not_exported == [], not_exported
 
 
 def test_a_reader_error_is_caught_by_the_base_and_its_builtin(tmp_path) -> None:

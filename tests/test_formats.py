@@ -10,7 +10,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from media import VideoSpec, make_video
 
 from kohakuclip import Reader, pack
 from kohakuclip.errors import KohakuClipError
@@ -28,8 +27,9 @@ from kohakuclip.formats import (
     manifest_table,
     read_index_header,
 )
-from kohakuclip.read.image_manifest import ImageManifest
+from kohakuclip.storage.image_manifest import ImageManifest
 from kohakuclip.storage.zip import find_zip_member
+from tests.media import VideoSpec, make_video
 
 MAGIC = b"TEST01\0\0"
 RECORD = np.dtype([("a", "<u8"), ("b", "<u4"), ("c", "<u4")])

@@ -11,13 +11,13 @@ import zipfile
 
 import numpy as np
 import pytest
-from fmp4_media import HAND_LAYOUTS, hand_fragmented, remux, with_edit_list
-from media import ENCODER_OPTIONS, VideoSpec, decode_planes, make_video
-from test_mp4 import assert_matches_pyav, boxes_at_top, mux, pyav_table
 
 from kohakuclip import ClipError, Reader, pack
 from kohakuclip.mp4.boxes import Mp4Error, iter_boxes
 from kohakuclip.mp4.moov import parse_mp4, parse_mp4_bytes
+from tests.fmp4_media import HAND_LAYOUTS, hand_fragmented, remux, with_edit_list
+from tests.media import ENCODER_OPTIONS, VideoSpec, decode_planes, make_video
+from tests.test_mp4 import assert_matches_pyav, boxes_at_top, mux, pyav_table
 
 FFMPEG_LAYOUTS = {
     "empty_moov": "frag_keyframe+empty_moov",  # tfhd base-data-offset (absolute)

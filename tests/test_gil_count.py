@@ -15,10 +15,8 @@ import sys
 
 import pytest
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-sys.path.insert(0, BENCH)
-
-import _gil_count  # noqa: E402
+from benchmarks import _gil_count
+from tests.paths import child_env
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc missing: shim not built")
 
@@ -26,9 +24,8 @@ N = 500
 
 CHILD = r"""
 import json, os, sys, threading, time
-sys.path.insert(0, BENCH)
 import numba
-from _gil_count import GilCounter, difference
+from benchmarks._gil_count import GilCounter, difference
 
 @numba.njit(nogil=True, cache=False)
 def spin(n):
@@ -84,9 +81,9 @@ print(json.dumps({
 
 
 def _run(env: dict[str, str], code: str = CHILD) -> subprocess.CompletedProcess[str]:
-    code = f"BENCH = {BENCH!r}\nN = {N}\n" + code
+    code = f"N = {N}\n" + code
     return subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=90
+        [sys.executable, "-c", code], env=child_env(env), capture_output=True, text=True, timeout=90
     )
 
 
@@ -115,8 +112,6 @@ def test_counts_takes_per_thread(lib: str) -> None:
 def test_not_preloaded_is_a_clear_error(lib: str) -> None:
     env = dict(os.environ, KC_GIL_COUNT_LIB=lib)
     env.pop("LD_PRELOAD", None)
-    proc = _run(
-        env, "import sys\nsys.path.insert(0, BENCH)\nimport _gil_count\n_gil_count.GilCounter()\n"
-    )
+    proc = _run(env, "from benchmarks._gil_count import GilCounter\nGilCounter()\n")
     assert proc.returncode != 0
     assert "not preloaded" in proc.stderr

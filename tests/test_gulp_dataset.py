@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-from media import VideoSpec, frame_rgb
 
 from kohakuclip.gulp import LABEL2IDX_FILE, ChunkBuilder, GulpDirectory, GulpError
 from kohakuclip.gulp.dataset import GulpImageDataset, GulpVideoDataset
@@ -20,6 +19,7 @@ from kohakuclip.gulp.transforms import (
     RandomCropVideo,
     Scale,
 )
+from tests.media import VideoSpec, frame_rgb
 
 LENGTHS = {"v0": 20, "v1": 9, "v2": 3, "v3": 14, "v4": 1}
 LABELS = {"v0": "jump", "v1": "run", "v2": "jump", "v3": "sit", "v4": "run"}

@@ -8,7 +8,6 @@ import os
 
 import numpy as np
 import pytest
-from media import VideoSpec, frame_rgb, psnr
 from PIL import Image
 
 from kohakuclip.gulp import (
@@ -21,6 +20,7 @@ from kohakuclip.gulp import (
     open_gulp_source,
 )
 from kohakuclip.gulp.sanity import SanityReport
+from tests.media import VideoSpec, frame_rgb, psnr
 
 
 def pil_jpeg(rgb: np.ndarray, quality: int = 85) -> bytes:

@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import cv2
 import numpy as np
 import pytest
-from media import VideoSpec, decode_rgb, frame_rgb, make_video, psnr
 from PIL import Image
 
 from kohakuclip.gulp import (
@@ -35,6 +33,8 @@ from kohakuclip.gulp.cli import (
     sanity_check_main,
     script_name,
 )
+from tests.media import VideoSpec, decode_rgb, frame_rgb, make_video, psnr
+from tests.paths import child_env
 
 SPECS = {
     "101": VideoSpec(frames=48, fps=24.0, seed=1),
@@ -298,7 +298,7 @@ def test_register_adapter_writes_a_working_command(tmp_path, monkeypatch, capsys
     assert register_adapter_main(["my_adapters", "Nope"]) == 1
     assert register_adapter_main(["no_such_module", "X"]) == 1
     capsys.readouterr()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = child_env()
     run = subprocess.run(
         [str(script), "5", "out", "--side", "24", "--name", "v", "--videos-per-chunk", "2",
          "--num_workers", "1", "--quiet"],

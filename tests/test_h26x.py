@@ -8,11 +8,11 @@ from functools import cache
 import av
 import numpy as np
 import pytest
-from media import VideoSpec, make_video
 
 from kohakuclip.codecs.annexb import to_annexb
 from kohakuclip.codecs.h26x import highest_temporal_id, is_reference
 from kohakuclip.mp4.moov import parse_mp4_bytes
+from tests.media import VideoSpec, make_video
 
 HEVC_LAYERED = {"x265-params": "keyint=16:min-keyint=16:bframes=3:log-level=0:temporal-layers=3"}
 

@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 import torch
-from image_media import photo
 from PIL import Image
 
-from kohakuclip.image_writer import write_images
+from kohakuclip import write_images
 from kohakuclip.read.image_reader import ImageReader
 from kohakuclip.torch import ClipLoader, ImageDataset, sample_key
+from tests.image_media import photo
 
 SIZE, BATCH, IMAGES = 32, 4, 10
 

@@ -10,14 +10,14 @@ from dataclasses import fields
 
 import numpy as np
 import pytest
-from image_media import encode, photo, psnr, write_tar, write_zip
 from PIL import Image
 
+from kohakuclip import write_images
 from kohakuclip.decode.image import dct_denominator
 from kohakuclip.decode.pixels import Crop
-from kohakuclip.image_writer import write_images
 from kohakuclip.read.image_reader import ImageInfo, ImageReader, ImageReadError
 from kohakuclip.read.reader import VideoInfo
+from tests.image_media import encode, photo, psnr, write_tar, write_zip
 
 SIZE = 96
 

@@ -11,7 +11,20 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import simplejpeg
-from image_media import (
+from PIL import Image
+
+from kohakuclip import ImageSkip, encode_image, pack_images, write_images
+from kohakuclip.formats import (
+    COLOR_FULL_RANGE,
+    COLOR_GRAY,
+    IMAGE_CODECS,
+    INDEX_MEMBER,
+)
+from kohakuclip.storage.image_index import map_image_index, member_names
+from kohakuclip.storage.zip import list_zip
+from kohakuclip.write.image_cli import main as cli_main
+from kohakuclip.write.image_codecs import encode_pixels, quality_table
+from tests.image_media import (
     encode,
     oriented_jpeg,
     photo,
@@ -19,19 +32,6 @@ from image_media import (
     write_tar,
     write_zip,
 )
-from PIL import Image
-
-from kohakuclip.formats import (
-    COLOR_FULL_RANGE,
-    COLOR_GRAY,
-    IMAGE_CODECS,
-    INDEX_MEMBER,
-)
-from kohakuclip.image_writer import ImageSkip, encode_image, pack_images, write_images
-from kohakuclip.storage.image_index import map_image_index, member_names
-from kohakuclip.storage.zip import list_zip
-from kohakuclip.write.image_cli import main as cli_main
-from kohakuclip.write.image_codecs import encode_pixels, quality_table
 
 
 def _reference(upright: np.ndarray, max_short: int) -> np.ndarray:

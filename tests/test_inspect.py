@@ -11,14 +11,14 @@ import threading
 import av
 import numpy as np
 import pytest
-from media import psnr
 from PIL import Image
-from shard_media import CAPTIONS, Corpus, make_corpus, probe
 
 from kohakuclip import Reader
 from kohakuclip.cli import main
 from kohakuclip.gulp import GulpDirectory
 from kohakuclip.sheet import SheetLayout
+from tests.media import psnr
+from tests.shard_media import CAPTIONS, Corpus, make_corpus, probe
 
 
 @pytest.fixture(scope="module")

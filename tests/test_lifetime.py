@@ -22,14 +22,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from image_media import encode, photo, write_zip
-from media import VideoSpec, make_video
 from PIL import Image
 
 import kohakuclip
 from kohakuclip import ImageReader, Reader
 from kohakuclip.read.pool import Pending, PoolClosedError, ThreadPool
 from kohakuclip.write.pack import pack
+from tests.image_media import encode, photo, write_zip
+from tests.media import VideoSpec, make_video
 
 SRC = str(Path(kohakuclip.__file__).resolve().parents[1])
 SCRIPT_TIMEOUT = 90  # seconds: a hang fails the test instead of stalling the run

@@ -12,10 +12,10 @@ import weakref
 
 import numpy as np
 import pytest
-from media import VideoSpec, make_video
 
 from kohakuclip import ClipError, Reader
 from kohakuclip.write.pack import pack
+from tests.media import VideoSpec, make_video
 
 
 def _open_fds() -> int:

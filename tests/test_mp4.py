@@ -10,13 +10,13 @@ from functools import cache
 import av
 import numpy as np
 import pytest
-from media import ENCODER_OPTIONS, VideoSpec, decode_rgb, frame_rgb, make_video
 
 from kohakuclip.mp4 import faststart as faststart_module
 from kohakuclip.mp4.boxes import Mp4Error, iter_boxes
 from kohakuclip.mp4.faststart import faststart
 from kohakuclip.mp4.moov import UnsupportedVideo, parse_mp4, parse_mp4_bytes, parse_mp4_file
 from kohakuclip.storage.zip import ZipWriter
+from tests.media import ENCODER_OPTIONS, VideoSpec, decode_rgb, frame_rgb, make_video
 
 CODECS = ["h264", "hevc", "av1"]
 

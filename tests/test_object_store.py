@@ -20,16 +20,16 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
-from image_media import photo
-from media import VideoSpec, make_video
 from PIL import Image
-from servers import http_server, s3_server, weed_binary
 
 from kohakuclip import ClipError, ImageReader, Reader, pack
 from kohakuclip.mp4.faststart import faststart
-from kohakuclip.read.image_catalog import ImageSourceError
-from kohakuclip.storage.catalog import SourceError
+from kohakuclip.storage.image_listing import ImageSourceError
 from kohakuclip.storage.remote import request_counts
+from kohakuclip.storage.video_listing import SourceError
+from tests.image_media import photo
+from tests.media import VideoSpec, make_video
+from tests.servers import http_server, s3_server, weed_binary
 
 obstore = pytest.importorskip("obstore")
 
@@ -46,6 +46,7 @@ class Media:
     h264_folder: str
     image_shard: str
     gulp: str
+    image_gulp: str  # chunk 0: three one-frame ids; chunk 1: a 4-frame video
     files: dict[str, bytes]  # key in the bucket / on the HTTP server -> bytes
 
 
@@ -81,6 +82,13 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Media:
     with ChunkBuilder(str(gulp / "data_0.gulp"), str(gulp / "meta_0.gmeta")) as chunk:
         for k in range(2):
             chunk.add(f"clip{k}", {"fps": 8}, [photo(40, 56, seed=10 + k + i) for i in range(12)])
+    image_gulp = root / "imagegulp"
+    image_gulp.mkdir()
+    with ChunkBuilder(str(image_gulp / "data_0.gulp"), str(image_gulp / "meta_0.gmeta")) as chunk:
+        for i in range(3):
+            chunk.add(f"img{i}", {"label": i}, [photo(60 + 8 * i, 80 - 4 * i, seed=50 + i)])
+    with ChunkBuilder(str(image_gulp / "data_1.gulp"), str(image_gulp / "meta_1.gmeta")) as chunk:
+        chunk.add("clip", {"caption": "a clip"}, [photo(48, 64, seed=60 + t) for t in range(4)])
     files = {
         "shards/av1.zip": (root / "av1.zip").read_bytes(),
         "tars/av1.tar": (root / "av1.tar").read_bytes(),
@@ -91,9 +99,10 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Media:
         "images/shard_00000.zip": (root / "images" / "shard_00000.zip").read_bytes(),
         "gulp/data_0.gulp": (gulp / "data_0.gulp").read_bytes(),
         "gulp/meta_0.gmeta": (gulp / "meta_0.gmeta").read_bytes(),
+        **{f"imagegulp/{p.name}": p.read_bytes() for p in sorted(image_gulp.iterdir())},
     }
     image_shard = str(root / "images" / "shard_00000.zip")
-    return Media(str(root / "av1.zip"), str(folder), image_shard, str(gulp), files)
+    return Media(str(root / "av1.zip"), str(folder), image_shard, str(gulp), str(image_gulp), files)
 
 
 @pytest.fixture(scope="module")
@@ -274,6 +283,105 @@ def test_s3_image_tar_bit_for_bit(s3, media, compiled):
     np.testing.assert_array_equal(batches[2], batches[0])
 
 
+def _images(source: str, compiled: bool = True) -> tuple[np.ndarray, list]:
+    with ImageReader(source, size=32, hflip=0.5, threads=2) as r:
+        r._compiled = compiled
+        described = []
+        for i in range(len(r)):
+            info = r.info(i)
+            described.append((info.member, info.frame, info.width, info.size, r.metadata(i)))
+        return r.read(range(len(r)), seed=5).image, described
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_image_gulp_directory_by_url_bit_for_bit(s3, http, media, compiled):
+    from kohakuclip.gulp.index import open_gulp_source
+
+    want, described = _images(media.image_gulp, compiled)
+    assert [d[:2] for d in described] == [
+        ("img0", 0), ("img1", 0), ("img2", 0), ("clip", 0), ("clip", 1), ("clip", 2), ("clip", 3)
+    ]  # fmt: skip
+    sizes = open_gulp_source(media.image_gulp).size.tolist()
+    for url in (f"s3://{BUCKET}/imagegulp/", f"{http[0]}/imagegulp/"):
+        before = request_counts()
+        with ImageReader(url, size=32, hflip=0.5, threads=2) as r:
+            opened = request_counts()
+            r._compiled = compiled
+            got = r.read([1, 5], seed=5).image
+            after = request_counts()
+        # s3: the listing and the two .gmeta files; http: HEADs of dataset.json,
+        # manifest.parquet and chunk 0's files, of chunks 1 and 2's, then the two .gmeta files
+        assert opened["requests"] - before["requests"] == (3 if url.startswith("s3") else 10)
+        # the two frames' records by ranged reads, nothing more of the chunks
+        assert after["bytes"] - opened["bytes"] == sizes[1] + sizes[5]
+        with ImageReader(media.image_gulp, size=32, hflip=0.5, threads=2) as r:
+            r._compiled = compiled
+            np.testing.assert_array_equal(got, r.read([1, 5], seed=5).image)
+        remote, remote_described = _images(url, compiled)
+        assert remote_described == described
+        np.testing.assert_array_equal(remote, want)
+    gets = [(path, rng) for method, path, rng in http[1].requests if method == "GET"]
+    assert any(path.endswith(".gulp") for path, _ in gets)
+    assert all(rng for path, rng in gets if path.endswith(".gulp"))  # never a whole chunk
+
+
+def test_image_gulp_without_a_meta_file_names_it(s3, http, media):
+    for name in ("data_0.gulp", "meta_0.gmeta", "data_1.gulp"):  # meta_1.gmeta missing
+        data = media.files["imagegulp/" + name]
+        obstore.put(s3, "nometa/" + name, data)
+        http[1].put("/nometa/" + name, data)
+    for base in (f"s3://{BUCKET}", http[0]):
+        with pytest.raises(ImageSourceError, match=r"nometa/data_1\.gulp: data file without"):
+            ImageReader(f"{base}/nometa/")
+        with pytest.raises(SourceError, match=r"nometa/data_1\.gulp: data file without"):
+            Reader(f"{base}/nometa/")
+
+
+def test_http_prefix_found_from_the_writers_files(http, media, tmp_path):
+    from kohakuclip.write.image_cli import main as write_images_main
+    from kohakuclip.write.merge import merge
+
+    base, state = http
+    # a writer's output: the shards its manifest.parquet names
+    written = os.path.dirname(media.image_shard)
+    with open(os.path.join(written, "manifest.parquet"), "rb") as f:
+        state.put("/images/manifest.parquet", f.read())
+    want, described = _images(written)
+    got, remote_described = _images(f"{base}/images/")
+    assert remote_described == described and len(got) == 3
+    np.testing.assert_array_equal(got, want)
+    # a merged dataset: the shards of its dataset.json
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(3):
+        Image.fromarray(photo(60, 80, seed=70 + i)).save(photos / f"{i}.jpg", quality=90)
+    merged = tmp_path / "merged"
+    common = ["--max-short", "48", "--min-short", "0", "--no-progress", str(photos)]
+    for part in ("0/2", "1/2"):
+        assert write_images_main([str(merged), "--part", part, *common]) == 0
+    merge(str(merged))
+    for name in os.listdir(merged):
+        state.put(f"/merged/{name}", (merged / name).read_bytes())
+    want, described = _images(str(merged))
+    got, remote_described = _images(f"{base}/merged/")
+    assert remote_described == described
+    np.testing.assert_array_equal(got, want)
+    # the video reader takes the same rule; a gulp directory by http
+    video, videos = _clips(media.gulp)
+    got_video, remote_videos = _clips(f"{base}/gulp/")
+    assert remote_videos == videos
+    np.testing.assert_array_equal(got_video, video)
+
+
+def test_http_prefix_without_the_writers_files_says_what_it_looked_for(http):
+    base = http[0]
+    looked = r"/nothing/: a plain http\(s\) prefix cannot be listed, and none of dataset\.json"
+    with pytest.raises(ImageSourceError, match=looked):
+        ImageReader(f"{base}/nothing/")
+    with pytest.raises(SourceError, match=looked):
+        Reader(f"{base}/nothing/")
+
+
 def test_http_and_file_urls(http, media):
     base, _ = http
     want, _ = _clips(media.av1_shard)
@@ -364,6 +472,9 @@ def test_datasets_take_urls_in_worker_processes(s3, media):
     images = dict(batch_size=3, size=32, threads=1, seed=1)
     local = ImageDataset(media.image_shard, **images).read_batch(0)
     remote = ImageDataset(f"s3://{BUCKET}/images/shard_00000.zip", **images).read_batch(0)
+    assert torch.equal(remote, local)
+    local = ImageDataset(media.image_gulp, **images).read_batch(0)
+    remote = ImageDataset(f"s3://{BUCKET}/imagegulp/", **images).read_batch(0)
     assert torch.equal(remote, local)
 
 
@@ -561,7 +672,9 @@ def test_killed_video_writer_leaves_nothing_half_written(s3, videos, local_write
     assert by_name(_stored_videos(_bucket_reader(s3, "killed/"))) == want
 
 
-def test_parts_written_to_a_bucket_then_merged_equal_a_local_run(s3, videos, local_write, tmp_path):
+def test_parts_written_to_a_bucket_then_merged_equal_a_local_run(
+    s3, http, videos, local_write, tmp_path
+):
     from kohakuclip import cli as kohakuclip_cli
     from kohakuclip.write.cli import main as write_main
     from kohakuclip.write.merge import MergeError, merge
@@ -589,6 +702,20 @@ def test_parts_written_to_a_bucket_then_merged_equal_a_local_run(s3, videos, loc
         obstore.put(s3, "view-gone/" + name, _bucket_reader(s3, "parts/")(name))
     with pytest.raises(SourceError, match="listed in the dataset view, but no such object"):
         Reader(f"s3://{BUCKET}/view-gone/")
+    # the same objects served by plain http: the shards found from dataset.json
+    for name in names:
+        http[1].put("/parts/" + name, _bucket_reader(s3, "parts/")(name))
+    shards = [n for n in names if ".shard_" in n]
+    before = request_counts()
+    with Reader(f"{http[0]}/parts/") as r:
+        # the first HEADs (dataset.json, manifest.parquet, data_0.gulp, meta_0.gmeta), the
+        # view, a HEAD per shard, then the catalog's GETs of the view and the manifest
+        assert request_counts()["requests"] - before["requests"] == 4 + 1 + len(shards) + 2
+    np.testing.assert_array_equal(_video_clips(f"{http[0]}/parts/"), _video_clips(local_write))
+    for name in ("dataset.json", "manifest.parquet"):
+        http[1].put("/view-gone/" + name, _bucket_reader(s3, "parts/")(name))
+    with pytest.raises(SourceError, match="listed in the dataset view, but no such object"):
+        Reader(f"{http[0]}/view-gone/")
     # the same as a local merge of the same parts; the view, downloaded, reads like the local run
     down, again = tmp_path / "down", tmp_path / "again"
     down.mkdir()

@@ -8,7 +8,7 @@ import pytest
 
 from kohakuclip.formats import AV1_FRAME_RECORD, AV1_SHOW_FRAME, AV1_SHOWABLE
 from kohakuclip.read.plan import FrameRangeError, plan_clip
-from kohakuclip.storage.catalog import VideoTrack
+from kohakuclip.tracks import VideoTrack
 
 SIZE = 100  # bytes per sample; sample i lies at 1000 + 100 * i
 

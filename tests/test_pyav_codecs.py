@@ -9,13 +9,13 @@ import os
 import av
 import numpy as np
 import pytest
-from fmp4_media import remux
-from media import VideoSpec, decode_planes, make_video, psnr
-from test_mp4 import assert_matches_pyav
 
 from kohakuclip import ClipError, Reader, pack
 from kohakuclip.mp4.moov import UnsupportedVideo, parse_mp4_bytes
 from kohakuclip.write.pack import PackError
+from tests.fmp4_media import remux
+from tests.media import VideoSpec, decode_planes, make_video, psnr
+from tests.test_mp4 import assert_matches_pyav
 
 SIZE = 64
 VP9 = {"g": "8", "cpu-used": "8"}
@@ -164,7 +164,7 @@ def test_packets_end_in_zero_padding(media: dict[str, bytes], tmp_path) -> None:
 
     from kohakuclip.decode.video import ClipDecoder
     from kohakuclip.read.plan import plan_clip
-    from kohakuclip.storage.catalog import Catalog
+    from kohakuclip.storage.video_catalog import Catalog
 
     (tmp_path / "m.mp4").write_bytes(media["mpeg4"])
     catalog = Catalog([str(tmp_path)])

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from media import VideoSpec, decode_planes, make_video, psnr
 from PIL import Image
 
 import kohakuclip
 from kohakuclip import ClipError, Reader
 from kohakuclip.decode.pixels import yuv420_planes, yuv_to_rgb_matrix
 from kohakuclip.write.pack import pack
+from tests.media import VideoSpec, decode_planes, make_video, psnr
 
 SPECS = {
     "av1": VideoSpec(codec="av1", width=160, height=96, frames=48, blur=1.5),

@@ -6,13 +6,12 @@ import os
 
 import numpy as np
 import pytest
-from media import VideoSpec, frame_rgb, make_video, psnr
 from PIL import Image
 
-from kohakuclip import ClipError, Reader
+from kohakuclip import ClipError, Reader, write_videos
 from kohakuclip.gulp import GulpDirectory
 from kohakuclip.gulp.chunk import ChunkBuilder
-from kohakuclip.write.shards import write
+from tests.media import VideoSpec, frame_rgb, make_video, psnr
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +89,7 @@ def test_shard_manifest_metadata_reaches_info(tmp_path) -> None:
     (src / "a.txt").write_text("a caption")
     make_video(VideoSpec(codec="h264", width=64, height=48, frames=8), str(src / "b.mp4"))
     (src / "b.json").write_text('{"label": "cat", "score": 3}')
-    result = write(str(tmp_path / "out"), [str(src)], codec="h264", progress=False)
+    result = write_videos(str(tmp_path / "out"), [str(src)], codec="h264", progress=False)
     shards = [str(tmp_path / "out" / s) for s in result.shards]
     with Reader(shards, size=16) as reader:
         metas = {reader.info(v).member: reader.info(v).meta for v in range(len(reader))}
@@ -101,14 +100,14 @@ def test_shard_manifest_metadata_reaches_info(tmp_path) -> None:
 def test_rotated_sources_read_upright(tmp_path) -> None:
     """A source with a 90-degree display matrix is written upright and read upright: the clip
     matches the source's frames as shown (rotated), not as coded."""
-    from writer_media import tagged_video, upright_reference
+    from tests.writer_media import tagged_video, upright_reference
 
     spec = VideoSpec(codec="h264", width=128, height=80, frames=12, blur=1.5)
     source = tagged_video(spec, rotation=90)
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "rot.mp4").write_bytes(source)
     out = str(tmp_path / "out")
-    result = write(out, [str(tmp_path / "src")], codec="h264", crf=12, progress=False)
+    result = write_videos(out, [str(tmp_path / "src")], codec="h264", crf=12, progress=False)
     upright = upright_reference(source, 90)
     with Reader([str(tmp_path / "out" / s) for s in result.shards], size=64, crop="center") as r:
         info = r.info(0)
@@ -130,8 +129,8 @@ def test_edit_list_trims_are_read_as_shown(tmp_path, codec: str) -> None:
     returned: frame i is PyAV's i-th shown frame (luma at stored size, bit for bit)."""
     import struct
 
-    from media import decode_planes
-    from test_mp4 import frame_ms, video, with_edits
+    from tests.media import decode_planes
+    from tests.test_mp4 import frame_ms, video, with_edits
 
     data = video(codec)
     at = data.find(b"elst")
@@ -152,9 +151,8 @@ def test_edit_list_trims_are_read_as_shown(tmp_path, codec: str) -> None:
 
 
 def test_a_folder_of_shards_and_a_single_file_are_sources(tmp_path) -> None:
-    from media import VideoSpec, make_video
-
     from kohakuclip.write.pack import pack
+    from tests.media import VideoSpec, make_video
 
     videos = [make_video(VideoSpec(frames=12, seed=s)) for s in range(3)]
     out = tmp_path / "out"

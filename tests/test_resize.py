@@ -11,7 +11,6 @@ import av
 import cv2
 import numpy as np
 import pytest
-from media import psnr
 from PIL import Image
 
 from kohakuclip.decode._resize import (
@@ -21,6 +20,7 @@ from kohakuclip.decode._resize import (
     resize_window,
     tmp_shape,
 )
+from tests.media import psnr
 
 REAL = "/tmp/kc-real/pans/pan_Autumn.mp4"
 

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from media import VideoSpec, make_video
 from torch.utils.data import DataLoader
 
 import kohakuclip
@@ -26,6 +25,7 @@ from kohakuclip.torch import (
     sample_key,
     sample_rng,
 )
+from tests.media import VideoSpec, make_video
 
 SIZE, FRAMES, BATCH = 32, 4, 3
 LENGTHS = [24, 31, 40, 28, 36, 26]
@@ -63,8 +63,10 @@ def shards(videos: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
             (src / f"v{i}.txt").write_text(f"video {i}")
     out = tmp_path_factory.mktemp("shards")
     code = (
-        "import sys; from kohakuclip.write.shards import write\n"
-        "result = write(sys.argv[1], [sys.argv[2]], codec='h264', per_shard=3, progress=False)\n"
+        "import sys; from kohakuclip import write_videos\n"
+        "result = write_videos(\n"
+        "    sys.argv[1], [sys.argv[2]], codec='h264', per_shard=3, progress=False\n"
+        ")\n"
         "print(*result.shards)"
     )
     done = subprocess.run(

@@ -11,7 +11,6 @@ import zipfile
 
 import numpy as np
 import pytest
-from shard_media import Corpus, copy_of, make_corpus, probe
 
 from kohakuclip import pack
 from kohakuclip.check import Problem, verify
@@ -21,6 +20,7 @@ from kohakuclip.mp4.faststart import faststart
 from kohakuclip.storage.index import VideoIndex
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import find_zip_member, list_zip
+from tests.shard_media import Corpus, copy_of, make_corpus, probe
 
 
 @pytest.fixture(scope="module")

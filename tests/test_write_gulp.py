@@ -11,15 +11,14 @@ import cv2
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from media import VideoSpec, decode_rgb, frame_rgb, make_video, psnr
 from PIL import Image
 
-from kohakuclip import Reader
+from kohakuclip import Reader, WriteError, write_videos
 from kohakuclip.gulp import ChunkBuilder, GulpDirectory, open_gulp_source
 from kohakuclip.write import cli
 from kohakuclip.write.gulp_videos import DEFAULT_GULP_FPS, encode_gulp_video, list_gulp_videos
 from kohakuclip.write.settings import EncodeSettings
-from kohakuclip.write.shards import WriteError, write
+from tests.media import VideoSpec, decode_rgb, frame_rgb, make_video, psnr
 
 FAST = {"codec": "av1", "preset": 12, "crf": 20, "progress": False}
 SIZE = 64
@@ -56,7 +55,7 @@ def written(gulp_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The gulp directory and one ordinary video written into one folder of shards."""
     out = str(tmp_path_factory.mktemp("shards"))
     extra = make_video(VideoSpec(codec="h264", width=96, height=64, frames=8))
-    result = write(out, [gulp_dir, ("plain.mp4", extra)], per_shard=2, **FAST)
+    result = write_videos(out, [gulp_dir, ("plain.mp4", extra)], per_shard=2, **FAST)
     assert (result.videos, result.skipped, len(result.shards)) == (4, 0, 2)
     return out
 
@@ -132,13 +131,13 @@ def test_frame_rate_from_meta_default_or_option(gulp_dir: str, written: str, tmp
         assert sorted(reader.info(v).n for v in range(len(reader))) == [9, 10, 12]
     with open(os.path.join(out, "encoding.json")) as f:
         assert json.load(f)["gulp_fps"] == 24.0
-    again = write(out, [gulp_dir], gulp_fps=24, resume=True, codec="av1", preset=12,
+    again = write_videos(out, [gulp_dir], gulp_fps=24, resume=True, codec="av1", preset=12,
                   progress=False)  # fmt: skip
     assert (again.videos, again.resumed_videos) == (0, 3)
     with pytest.raises(WriteError, match="gulp_fps"):
-        write(out, [gulp_dir], resume=True, codec="av1", preset=12, progress=False)
+        write_videos(out, [gulp_dir], resume=True, codec="av1", preset=12, progress=False)
     with pytest.raises(ValueError, match="gulp_fps"):
-        write(str(tmp_path / "bad"), [gulp_dir], gulp_fps=0, progress=False)
+        write_videos(str(tmp_path / "bad"), [gulp_dir], gulp_fps=0, progress=False)
 
 
 def test_broken_chunks_and_frames_are_skipped_with_the_reason(gulp_dir: str, tmp_path) -> None:
@@ -153,7 +152,7 @@ def test_broken_chunks_and_frames_are_skipped_with_the_reason(gulp_dir: str, tmp
         f.truncate(100)
     shutil.copy(broken / "data_0.gulp", broken / "data_7.gulp")  # a data file without meta
     out = tmp_path / "out"
-    result = write(str(out), [str(broken)], **FAST)
+    result = write_videos(str(out), [str(broken)], **FAST)
     assert (result.videos, result.skipped) == (1, 3)
     with open(out / "skipped.jsonl") as f:
         skipped = {r["source"]: r["reason"] for r in map(json.loads, f)}

@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from image_media import encode, photo
 from PIL import Image
 
 from kohakuclip import ImageReader, Reader
 from kohakuclip import cli as kohakuclip_cli
-from kohakuclip.storage.catalog import SourceError
+from kohakuclip.storage.video_listing import SourceError
 from kohakuclip.write import image_cli
 from kohakuclip.write.images import write_images
 from kohakuclip.write.merge import merge
+from tests.image_media import encode, photo
 
 FAST = {"max_short": 64, "min_short": 32, "per_shard": 2, "workers": 1, "progress": False}
 

@@ -14,9 +14,6 @@ from functools import cache
 import av
 import numpy as np
 import pytest
-from media import VideoSpec, make_video
-from reference import REFERENCE_ENV, REFERENCE_PYTHON, needs_reference
-from writer_media import read_index, video_records
 
 from kohakuclip.codecs.av1 import Av1DepsIndex
 from kohakuclip.formats import (
@@ -30,6 +27,9 @@ from kohakuclip.storage.index import VideoIndex
 from kohakuclip.write.pack import PackError, ShardWriter, pack
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.video import encode_video
+from tests.media import VideoSpec, make_video
+from tests.reference import REFERENCE_ENV, REFERENCE_PYTHON, needs_reference
+from tests.writer_media import read_index, video_records
 
 CODECS = ["av1", "h264", "hevc"]
 FAST = {"av1": 10, "h264": "veryfast", "hevc": "veryfast"}

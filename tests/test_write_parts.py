@@ -17,16 +17,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from media import VideoSpec, make_video
 
 import kohakuclip
-from kohakuclip import ClipError, Reader
+from kohakuclip import ClipError, MergeError, Part, Reader, Source, WriteError, merge, write_videos
 from kohakuclip import cli as kohakuclip_cli
 from kohakuclip.write import cli
-from kohakuclip.write.merge import MergeError, merge
-from kohakuclip.write.parts import Part
-from kohakuclip.write.shards import WriteError, write
-from kohakuclip.write.sources import Source
+from tests.media import VideoSpec, make_video
 
 FAST = {"codec": "av1", "preset": 12, "per_shard": 2, "workers": 1, "progress": False}
 FAST_ARGS = ["--codec", "av1", "--preset", "12", "--per-shard", "2", "--workers", "1", "--quiet"]
@@ -92,7 +88,7 @@ def sources(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def single(sources, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("single")
-    result = write(out, [sources], **FAST)
+    result = write_videos(out, [sources], **FAST)
     assert result.videos == 5 and result.skipped == 1
     return out
 
@@ -128,7 +124,7 @@ def test_parts_in_processes_merged_equal_a_single_run(single, parts, sources) ->
 
 
 def test_rerunning_a_part_gives_byte_identical_shards(parts, sources, tmp_path) -> None:
-    result = write(tmp_path, [sources], part="1/2", **FAST)
+    result = write_videos(tmp_path, [sources], part="1/2", **FAST)
     assert result.shards == sorted(_shards(parts, "part-00001"))
     assert _shards(tmp_path) == _shards(parts, "part-00001")
 
@@ -166,8 +162,8 @@ def test_view_reader_names_a_shard_replaced_after_the_merge(parts, tmp_path) -> 
 
 
 def test_merge_refuses_missing_or_unfinished_parts(sources, tmp_path) -> None:
-    write(tmp_path, [sources], part="0/3", **FAST)
-    write(tmp_path, [sources], part="2/3", **FAST)
+    write_videos(tmp_path, [sources], part="0/3", **FAST)
+    write_videos(tmp_path, [sources], part="2/3", **FAST)
     with pytest.raises(MergeError, match="missing 1/3"):
         merge(tmp_path)
     os.mkdir(tmp_path / ".part-00002-of-00003.manifest-parts")
@@ -180,17 +176,17 @@ def test_part_arguments_and_folders_that_do_not_fit(sources, tmp_path) -> None:
         with pytest.raises(ValueError, match="I/N"):
             Part.parse(bad)
     assert cli.main([str(tmp_path / "x"), str(sources), "--part", "3/2", *FAST_ARGS]) == 2
-    write(tmp_path, [sources], part="0/2", **FAST)
+    write_videos(tmp_path, [sources], part="0/2", **FAST)
     with pytest.raises(WriteError, match="different parts"):
-        write(tmp_path, [sources], part="0/3", **FAST)
+        write_videos(tmp_path, [sources], part="0/3", **FAST)
     with pytest.raises(WriteError, match="different settings"):
-        write(tmp_path, [sources], part="1/2", **{**FAST, "preset": 11})
+        write_videos(tmp_path, [sources], part="1/2", **{**FAST, "preset": 11})
     with pytest.raises(WriteError, match="part 0/2"):  # an earlier run of this part: --resume
-        write(tmp_path, [sources], part="0/2", **FAST)
-    again = write(tmp_path, [sources], part="0/2", resume=True, **FAST)
+        write_videos(tmp_path, [sources], part="0/2", **FAST)
+    again = write_videos(tmp_path, [sources], part="0/2", resume=True, **FAST)
     assert again.videos == 0 and again.resumed_videos == 2
     with pytest.raises(ValueError, match="part or ray"):
-        write(tmp_path, [sources], part="0/2", ray=True, **FAST)
+        write_videos(tmp_path, [sources], part="0/2", ray=True, **FAST)
 
 
 @pytest.mark.timeout(300)
@@ -221,9 +217,9 @@ def test_part_killed_mid_shard_leaves_no_finished_shard_and_resumes(tmp_path) ->
     with pytest.raises(MergeError):
         merge(out)
     settings = {**FAST, "per_shard": 4}
-    result = write(out, [source], part="0/1", resume=True, **settings)
+    result = write_videos(out, [source], part="0/1", resume=True, **settings)
     assert result.videos == 4 and not temp.exists()
-    write(straight, [source], part="0/1", **settings)
+    write_videos(straight, [source], part="0/1", **settings)
     assert _shards(out) == _shards(straight)
     merge(out)
     with Reader(out, size=32) as reader:
@@ -247,15 +243,15 @@ def local_ray():
 def test_ray_stores_the_same_videos_as_the_parts(
     local_ray, sources, single, parts, tmp_path, capsys
 ) -> None:
-    result = write(tmp_path, [sources], ray=True, ray_parts=2, **{**FAST, "progress": True})
+    result = write_videos(tmp_path, [sources], ray=True, ray_parts=2, **{**FAST, "progress": True})
     assert (result.videos, result.skipped) == (5, 1)
     assert "6/6" in capsys.readouterr().err  # one bar over both tasks: 5 videos and the broken file
     assert _stored(tmp_path) == _stored(parts) == _stored(single)
     assert _shards(tmp_path) == _shards(parts)
     assert json.loads((tmp_path / "dataset.json").read_text())["count"] == 5
     with pytest.raises(WriteError, match="earlier run"):
-        write(tmp_path, [sources], ray=True, ray_parts=2, **FAST)
-    again = write(tmp_path, [sources], ray=True, resume=True, **FAST)  # the split it had
+        write_videos(tmp_path, [sources], ray=True, ray_parts=2, **FAST)
+    again = write_videos(tmp_path, [sources], ray=True, resume=True, **FAST)  # the split it had
     assert again.videos == 0 and again.resumed_videos == 5
 
 
@@ -295,7 +291,7 @@ def test_ray_retries_a_part_whose_worker_died(local_ray, sources, single, tmp_pa
     last = videos[4]
     items.append(CrashOnce(last.name, str(last), last.stat().st_size, {}, path=str(last)))
     out = tmp_path / "out"
-    result = write(out, items, ray=True, ray_parts=2, **FAST)
+    result = write_videos(out, items, ray=True, ray_parts=2, **FAST)
     assert marker.exists() and result.videos == 5
     expected = {k: v for k, v in _stored(single).items() if "broken" not in k}
     assert _stored(out) == expected

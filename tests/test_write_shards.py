@@ -1,4 +1,4 @@
-"""``write``: folders, tars and in-memory sources into shards with a manifest; bad sources
+"""``write_videos``: folders, tars and in-memory sources into shards with a manifest; bad sources
 skipped; refusing, resuming and interrupted runs; the command lines."""
 
 from __future__ import annotations
@@ -12,14 +12,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from media import VideoSpec, make_video
-from writer_media import read_index
 
-import kohakuclip.writer
+from kohakuclip import Source, WriteError, write_videos
 from kohakuclip import cli as demo_cli
 from kohakuclip.write import cli, shards
-from kohakuclip.write.shards import WriteError, write
-from kohakuclip.write.sources import Source
+from tests.media import VideoSpec, make_video
+from tests.writer_media import read_index
 
 FAST = {"codec": "av1", "preset": 12, "progress": False}
 
@@ -90,9 +88,9 @@ def test_folder_tar_and_bytes_sources_give_identical_shards(tmp_path) -> None:
         ),
     ]
     runs = {
-        "folder": write(tmp_path / "o1", [folder], per_shard=2, workers=1, **FAST),
-        "tar": write(tmp_path / "o2", [archive], per_shard=2, workers=3, **FAST),
-        "bytes": write(tmp_path / "o3", in_memory, per_shard=2, workers=2, **FAST),
+        "folder": write_videos(tmp_path / "o1", [folder], per_shard=2, workers=1, **FAST),
+        "tar": write_videos(tmp_path / "o2", [archive], per_shard=2, workers=3, **FAST),
+        "bytes": write_videos(tmp_path / "o3", in_memory, per_shard=2, workers=2, **FAST),
     }
     for result in runs.values():
         assert (result.videos, result.skipped, result.shards) == (
@@ -114,7 +112,7 @@ def test_folder_tar_and_bytes_sources_give_identical_shards(tmp_path) -> None:
 def test_manifest_rows_describe_each_video(tmp_path) -> None:
     folder = make_folder(tmp_path / "videos", corpus())
     out = tmp_path / "out"
-    result = write(out, folder, per_shard=2, container="tar", **FAST)  # one path, not a list
+    result = write_videos(out, folder, per_shard=2, container="tar", **FAST)  # one path, not a list
     assert result.seconds == pytest.approx(20 / 24 + 16 / 24 + 12 / 24)
     rows = manifest(out)
     assert [(r["shard"], r["index"], r["member"]) for r in rows] == [
@@ -177,7 +175,7 @@ def test_bad_sources_are_skipped_with_a_reason(tmp_path) -> None:
     broken_tar = tmp_path / "broken.tar"
     broken_tar.write_bytes(b"\x00garbage" * 100)
     out = tmp_path / "out"
-    result = write(out, [folder, broken_tar, ("also.mp4", clip(3))], **FAST)
+    result = write_videos(out, [folder, broken_tar, ("also.mp4", clip(3))], **FAST)
     assert result.videos == 2
     assert [r["member"] for r in manifest(out)] == ["good.mp4", "also.mp4"]
     skipped = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
@@ -192,26 +190,26 @@ def test_bad_sources_are_skipped_with_a_reason(tmp_path) -> None:
 
 def test_missing_source_fails_before_anything_is_written(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match=r"nowhere\.mp4"):
-        write(tmp_path / "out", [tmp_path / "nowhere.mp4"], **FAST)
+        write_videos(tmp_path / "out", [tmp_path / "nowhere.mp4"], **FAST)
     assert not (tmp_path / "out").exists()
 
 
 def test_member_names_stay_unique(tmp_path) -> None:
     one = make_folder(tmp_path / "one", {"a.mp4": clip(0)})
     two = make_folder(tmp_path / "two", {"a.mkv": clip(1)})
-    kohakuclip.writer.write(tmp_path / "out", [one, two], **FAST)
+    write_videos(tmp_path / "out", [one, two], **FAST)
     assert [r["member"] for r in manifest(tmp_path / "out")] == ["a.mp4", "a_1.mp4"]
 
 
 def test_refuses_or_resumes_never_overwrites(tmp_path) -> None:
     out = tmp_path / "out"
-    write(out, [("a.mp4", clip(0))], **FAST)
+    write_videos(out, [("a.mp4", clip(0))], **FAST)
     before = shard_bytes(out)
     with pytest.raises(WriteError, match="resume"):
-        write(out, [("a.mp4", clip(0))], **FAST)
+        write_videos(out, [("a.mp4", clip(0))], **FAST)
     with pytest.raises(WriteError, match="different"):
-        write(out, [("a.mp4", clip(0))], resume=True, crf=30, **FAST)
-    again = write(out, [("a.mp4", clip(0)), ("b.mp4", clip(1))], resume=True, **FAST)
+        write_videos(out, [("a.mp4", clip(0))], resume=True, crf=30, **FAST)
+    again = write_videos(out, [("a.mp4", clip(0)), ("b.mp4", clip(1))], resume=True, **FAST)
     assert (again.videos, again.resumed_videos, again.shards) == (1, 1, ["shard_00001.zip"])
     assert shard_bytes(out)["shard_00000.zip"] == before["shard_00000.zip"]
     assert [r["member"] for r in manifest(out)] == ["a.mp4", "b.mp4"]
@@ -219,13 +217,13 @@ def test_refuses_or_resumes_never_overwrites(tmp_path) -> None:
     foreign.mkdir()
     (foreign / "shard_00000.zip").write_bytes(b"x")
     with pytest.raises(WriteError, match=r"encoding\.json"):
-        write(foreign, [("a.mp4", clip(0))], **FAST)
+        write_videos(foreign, [("a.mp4", clip(0))], **FAST)
 
 
 def test_interrupted_run_resumes_to_the_same_shards(tmp_path, monkeypatch) -> None:
     sources = [(f"v{i}.mp4", clip(i, 12)) for i in range(5)]
     straight = tmp_path / "straight"
-    write(straight, sources, per_shard=2, workers=1, **FAST)
+    write_videos(straight, sources, per_shard=2, workers=1, **FAST)
     real = shards.encode_video
     calls = []
 
@@ -238,12 +236,12 @@ def test_interrupted_run_resumes_to_the_same_shards(tmp_path, monkeypatch) -> No
     out = tmp_path / "out"
     monkeypatch.setattr(shards, "encode_video", flaky)
     with pytest.raises(KeyboardInterrupt):
-        write(out, sources, per_shard=2, workers=1, **FAST)
+        write_videos(out, sources, per_shard=2, workers=1, **FAST)
     monkeypatch.setattr(shards, "encode_video", real)
     assert sorted(p.name for p in out.glob("shard_*")) == ["shard_00000.zip"]  # nothing partial
     assert not (out / "manifest.parquet").exists()
     (out / "shard_00002.zip.tmp").write_bytes(b"left by a crash")
-    resumed = write(out, sources, per_shard=2, workers=2, resume=True, **FAST)
+    resumed = write_videos(out, sources, per_shard=2, workers=2, resume=True, **FAST)
     assert (resumed.videos, resumed.resumed_videos) == (3, 2)
     assert shard_bytes(out) == shard_bytes(straight)
     assert manifest(out) == manifest(straight)
@@ -253,11 +251,11 @@ def test_interrupted_run_resumes_to_the_same_shards(tmp_path, monkeypatch) -> No
 def test_a_shard_without_saved_rows_is_redone(tmp_path) -> None:
     out = tmp_path / "out"
     sources = [(f"v{i}.mp4", clip(i, 12)) for i in range(3)]
-    write(out, sources[:2], per_shard=1, **FAST)
+    write_videos(out, sources[:2], per_shard=1, **FAST)
     # a crash between renaming a shard and saving its rows leaves a shard the run never finished
     orphan = out / "shard_00002.zip"
     orphan.write_bytes(b"stale")
-    result = write(out, sources, per_shard=1, resume=True, **FAST)
+    result = write_videos(out, sources, per_shard=1, resume=True, **FAST)
     assert result.shards == ["shard_00002.zip"]
     assert orphan.read_bytes() != b"stale"
     index, _ = read_index(str(orphan))
@@ -266,7 +264,7 @@ def test_a_shard_without_saved_rows_is_redone(tmp_path) -> None:
 
 def test_ffmpeg_backend_writes_the_same_layout(tmp_path) -> None:
     out = tmp_path / "out"
-    result = write(out, [("a.mp4", clip(0))], backend="ffmpeg", codec="h264", progress=False)
+    result = write_videos(out, [("a.mp4", clip(0))], backend="ffmpeg", codec="h264", progress=False)
     assert result.videos == 1
     row = manifest(out)[0]
     assert (row["frames"], row["width"], row["height"], row["codec"]) == (20, 128, 80, "h264")

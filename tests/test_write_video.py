@@ -9,14 +9,14 @@ from functools import cache
 import av
 import numpy as np
 import pytest
-from media import VideoSpec, decode_planes, decode_rgb, frame_rgb, make_video, psnr
-from writer_media import luma, stream_facts, tagged_video, upright_reference
 
 from kohakuclip.mp4.boxes import iter_boxes
 from kohakuclip.write.ffmpeg_backend import FFMPEG_ENV, encode_video_ffmpeg
 from kohakuclip.write.layout import Orientation, stored_size
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.video import EncodeError, encode, encode_video
+from tests.media import VideoSpec, decode_planes, decode_rgb, frame_rgb, make_video, psnr
+from tests.writer_media import luma, stream_facts, tagged_video, upright_reference
 
 DECODERS = {"av1": "libdav1d", "h264": "h264", "hevc": "hevc"}
 FAST = {"av1": 10, "h264": "veryfast", "hevc": "veryfast"}

@@ -13,12 +13,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from media import VideoSpec, make_video, psnr
 
 from kohakuclip import Reader
 from kohakuclip._yuv_torch import packed_side
 from kohakuclip.decode.pixels import Crop, PixelWriter, yuv420_frame_bytes, yuv420_planes
 from kohakuclip.torch import yuv_to_rgb
+from tests.media import VideoSpec, make_video, psnr
+from tests.paths import child_env
 
 # -- the reference: the CPU rgb path (PixelWriter, numba) on the same planes ---------------------
 
@@ -253,8 +254,7 @@ def test_yuv_resized_mode_matches_rgb_mode(smooth_videos: str, size: int, thresh
 _KERNEL_CHECK = r"""
 import json, sys
 import numpy as np, torch
-sys.path.insert(0, sys.argv[1])
-from test_yuv_torch import _meta, _random_case
+from tests.test_yuv_torch import _meta, _random_case
 from kohakuclip.torch import yuv_to_rgb
 import triton, triton.language as tl
 
@@ -267,7 +267,7 @@ try:
 except Exception as e:
     print(json.dumps({"skip": f"the interpreter cannot run kernels here: {e}"}))
     raise SystemExit
-device = sys.argv[2]
+device = sys.argv[1]
 report = []
 for mode, side, size in [("yuv_resized", 21, None), ("yuv", 40, 16), ("yuv", 25, 31)]:
     case = _random_case(side, items=3, frames=2, side=side)
@@ -287,10 +287,10 @@ print(json.dumps({"report": report}))
 
 def _kernel_report(device: str, env: dict[str, str]) -> list[dict]:
     proc = subprocess.run(
-        [sys.executable, "-c", _KERNEL_CHECK, os.path.dirname(__file__), device],
+        [sys.executable, "-c", _KERNEL_CHECK, device],
         capture_output=True,
         text=True,
-        env={**os.environ, **env},
+        env=child_env({**os.environ, **env}),
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -7,12 +7,12 @@ from fractions import Fraction
 
 import av
 import numpy as np
-from media import VideoSpec, decode_rgb, frame_rgb
 
 from kohakuclip.formats import FRAME_RECORD
 from kohakuclip.storage.index import VideoIndex
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import find_zip_member
+from tests.media import VideoSpec, decode_rgb, frame_rgb
 
 
 def tagged_video(

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 
 from kohakuclip.write.samples import make_sample_video
-from kohakuclip.write.shards import WriteResult, write
+from kohakuclip.write.shards import WriteResult, write_videos
 
 
 def _make_sources(folder: str, count: int, seconds: float) -> list[str]:
@@ -29,7 +29,7 @@ def _write_demo(args: argparse.Namespace, root: str) -> WriteResult:
     sources = _make_sources(os.path.join(root, "sources"), args.videos, args.seconds)
     print(f"made {len(sources)} sample videos of {args.seconds:g} s in {root}/sources")
     started = time.perf_counter()
-    result = write(
+    result = write_videos(
         os.path.join(root, "shards"),
         [os.path.join(root, "sources")],
         codec=args.codec,

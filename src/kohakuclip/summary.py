@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from kohakuclip.storage.catalog import Catalog
+from kohakuclip.storage.video_catalog import Catalog
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from kohakuclip.check.structure import PER_CHECK, archive_problems, member_moov,
 from kohakuclip.formats import INDEX_MEMBER
 from kohakuclip.read.plan import Skip
 from kohakuclip.read.reader import Reader, VideoInfo
-from kohakuclip.storage.catalog import Catalog
+from kohakuclip.storage.video_catalog import Catalog
 from kohakuclip.storage.zip import Member
 
 FAST_MODES: tuple[Skip, ...] = ("keep", True)

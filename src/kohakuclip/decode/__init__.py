@@ -8,7 +8,8 @@ from functools import cache
 @cache
 def avcodec_found() -> bool:
     """True when PyAV's libavcodec passed its start-up layout check (``_avcodec.library``);
-    the import waits for the first call, so that importing kohakuclip stays quick."""
+    the check (which loads the libraries) waits for the first call, so that importing
+    kohakuclip stays quick."""
     from kohakuclip.decode import _avcodec
 
     return _avcodec.library() is not None

@@ -8,10 +8,11 @@ int64 array of its pointers (``AvcodecDecoder.handle``).
 
 The AVFrame and AVPacket fields read or written are plain struct offsets: those of libavutil 60
 / libavcodec 62 (FFmpeg 8, ``libavutil/frame.h``, ``libavcodec/packet.h``) on a 64-bit
-platform, unchanged in libavutil 61 / libavcodec 63 (the build in PyAV 19, Python >= 3.12). ``library()`` checks them once per process: the library versions against PyAV's,
-the defaults ``av_frame_alloc`` / ``av_packet_alloc`` write, and a decode of a small x264
-stream and of JPEG pictures (4:2:0, 4:2:2, 4:4:4, gray; full size and lowres) compared with
-PyAV's (``layout``). On any mismatch it warns once and returns None: callers then use PyAV.
+platform, unchanged in libavutil 61 / libavcodec 63 (the build in PyAV 19, Python >= 3.12).
+``library()`` checks them once per process: the library versions against PyAV's, the defaults
+``av_frame_alloc`` / ``av_packet_alloc`` write, and a decode of a small x264 stream and of JPEG
+pictures (4:2:0, 4:2:2, 4:4:4, gray; full size and lowres) compared with PyAV's (``layout``).
+On any mismatch it warns once and returns None: callers then use PyAV.
 
 The ``library()`` call must come before any compiled code that uses the primitives runs (it
 loads the symbols they resolve).

@@ -23,7 +23,7 @@ from kohakuclip.decode import _dav1d
 from kohakuclip.decode.pixels import Planes, frame_planes
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.plan_types import ClipPlan, GopRead
-from kohakuclip.storage.catalog import VideoTrack
+from kohakuclip.tracks import VideoTrack
 
 ReadAt = Callable[[int, int], "bytes | memoryview"]  # (offset, length) -> bytes
 _DECODERS = {"av1": "libdav1d", "h264": "h264", "hevc": "hevc", "vp9": "vp9", "mpeg4": "mpeg4"}

@@ -25,12 +25,13 @@ from kohakuclip.decode.pixels import Crop, OutputMode, yuv_to_rgb_matrix
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.plan_types import ClipPlan, GopRead
 from kohakuclip.read._reader_base import ReaderBase, Sources, renamed
-from kohakuclip.read.image_catalog import ImageCatalog, ImageLocation
 from kohakuclip.read.image_crop import image_crop
 from kohakuclip.read.pool import OwnedPool, Pending, Task, batch_buffer
 from kohakuclip.read.seeding import generator
 from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.files import FileCache
+from kohakuclip.storage.image_catalog import ImageCatalog
+from kohakuclip.storage.image_resolve import ImageLocation
 from kohakuclip.storage.remote import ObjectStoreError
 
 if TYPE_CHECKING:

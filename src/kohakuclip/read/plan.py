@@ -21,7 +21,7 @@ from kohakuclip.codecs.av1 import closure
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import AV1_SHOW_EXISTING
 from kohakuclip.plan_types import ClipPlan, GopRead, Pieces
-from kohakuclip.storage.catalog import VideoTrack
+from kohakuclip.tracks import VideoTrack
 
 __all__ = ["ClipPlan", "FrameRangeError", "GopRead", "Skip", "plan_clip"]
 

@@ -26,9 +26,10 @@ from kohakuclip.read.pool import OwnedPool, Pending, Task, batch_buffer
 from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator
 from kohakuclip.storage.cache import BlockCache
-from kohakuclip.storage.catalog import Catalog, VideoTrack
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.remote import ObjectStoreError, fetch_ranges
+from kohakuclip.storage.video_catalog import Catalog
+from kohakuclip.tracks import VideoTrack
 
 if TYPE_CHECKING:
     from kohakuclip.decode._clips import ShareTables

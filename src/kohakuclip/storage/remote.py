@@ -223,6 +223,34 @@ def open_object(
     return RemoteObject(url, store, key, int(meta["size"]), meta.get("e_tag"), cache)
 
 
+async def _head(url: str, store: Any, key: str, gate: asyncio.Semaphore) -> dict[str, Any] | None:
+    import obstore
+
+    async with gate:
+        try:
+            return dict(await obstore.head_async(store, key))
+        except FileNotFoundError:
+            return None
+        except Exception as e:
+            raise describe_error(url, e) from None
+
+
+async def _head_all(wanted: list[tuple[str, Any, str]]) -> list[dict[str, Any] | None]:
+    gate = asyncio.Semaphore(MAX_CONCURRENT)
+    return await asyncio.gather(*(_head(url, store, key, gate) for url, store, key in wanted))
+
+
+def head_objects(
+    urls: Sequence[str], options: Mapping[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
+    """URL -> HEAD answer (size, ETag) of each of ``urls`` that exists, all requested at once
+    (``MAX_CONCURRENT`` in flight); a missing object is left out, other failures raise."""
+    wanted = [(url, *store_for(url, options)) for url in urls]
+    _count(len(wanted), 0)
+    found = _run(_head_all(wanted)) if wanted else []
+    return {url: meta for (url, _, _), meta in zip(wanted, found) if meta is not None}
+
+
 def list_objects(
     prefix: str, options: Mapping[str, Any] | None = None
 ) -> list[tuple[str, dict[str, Any]]]:

@@ -11,7 +11,7 @@ from kohakuclip.formats import SKIPPED_FILE
 from kohakuclip.write.merge import MergeError
 from kohakuclip.write.parts import OutputNames, Part
 from kohakuclip.write.settings import DEFAULT_CRF, DEFAULT_PRESET, ENCODERS
-from kohakuclip.write.shards import WriteError, write
+from kohakuclip.write.shards import WriteError, write_videos
 from kohakuclip.write.upload import run_staged
 
 
@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _write(args: argparse.Namespace, out: str) -> int:
     try:
-        result = write(
+        result = write_videos(
             out,
             args.sources,
             codec=args.codec,

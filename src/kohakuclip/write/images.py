@@ -46,17 +46,29 @@ _PARTIAL = ".partial"
 
 @dataclass(frozen=True)
 class EncodedImage:
-    """One image ready to pack."""
+    """One image ready to pack (``pack_images``).
+
+    Attributes:
+        data: the encoded bytes.
+        codec: the stored format (a name in ``formats.IMAGE_CODECS``).
+        color: ``formats.COLOR_*`` flags.
+        suffix: the member name's suffix (``.jpg``, ...).
+        width: stored width.
+        height: stored height.
+        source_width: the upright source's width.
+        source_height: the upright source's height.
+        source_size: bytes of the source file.
+    """
 
     data: bytes
-    codec: str  # name in formats.IMAGE_CODECS
-    color: int  # formats.COLOR_* flags
-    suffix: str  # member name suffix (".jpg", ...)
-    width: int  # stored size
+    codec: str
+    color: int
+    suffix: str
+    width: int
     height: int
-    source_width: int  # upright source size
+    source_width: int
     source_height: int
-    source_size: int  # bytes of the source file
+    source_size: int
 
 
 def encode_image(
@@ -69,10 +81,20 @@ def encode_image(
     jpeg_encoder: str = "tuned",
     backend: Backend = "native",
 ) -> EncodedImage:
-    """Prepare and encode one image (a path or its bytes).
+    """Prepare (orient, flatten, resize) and encode one image, as ``write_images`` stores it.
 
-    Raises ``ImageSkip`` (with ``reason`` "too small", "corrupt" or "empty") for an image that
-    would not be stored.
+    Args:
+        source: the image file's path, or its bytes.
+        codec: the stored format: ``jpeg``, ``avif``, ``jxl`` or ``webp``.
+        quality: encoder quality, 0-100.
+        max_short: cap on the short side (0: none), never upscaled.
+        min_short: an image whose short side is smaller is skipped.
+        jpeg_encoder: ``tuned``, ``turbo`` or ``jpegli`` (see ``write_images``).
+        backend: ``native`` or ``pillow`` decoding and resizing.
+
+    Raises:
+        ImageSkip: an image that would not be stored (``reason`` "too small", "corrupt" or
+            "empty").
     """
     check_codec(codec, jpeg_encoder)
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -144,7 +166,16 @@ class _ShardWriter:
 def pack_images(
     path: str | os.PathLike[str], images: Iterable[tuple[str, EncodedImage]]
 ) -> list[str]:
-    """Write one shard of ``(key, image)`` pairs to ``path``; returns the member names."""
+    """Write one shard (a stored zip with its KCIMG1 index) of encoded images.
+
+    Args:
+        path: the shard file; written under a temporary name and renamed when complete.
+        images: ``(key, image)`` pairs, ``image`` from ``encode_image``; the member is the key
+            with the codec's suffix (``_1``, ``_2``, ... before it for a repeated key).
+
+    Returns:
+        The member names, in order.
+    """
     writer = _ShardWriter(os.fspath(path))
     try:
         names = [writer.add(key, image) for key, image in images]
@@ -157,7 +188,16 @@ def pack_images(
 
 @dataclass
 class WriteSummary:
-    """What a ``write_images`` job produced."""
+    """What a ``write_images`` job produced.
+
+    Attributes:
+        out_dir: the output folder.
+        shards: the shard files of the run (part).
+        images: images stored.
+        skipped: images left out (listed in ``skipped.jsonl``).
+        stored_bytes: bytes of the stored images.
+        source_bytes: bytes of their sources.
+    """
 
     out_dir: str
     shards: list[str] = field(default_factory=list)
@@ -237,7 +277,8 @@ def write_images(
     part: Part | str | None = None,
     resume: bool = False,
 ) -> WriteSummary:
-    """Encode every image of ``sources`` into zip shards in ``out_dir`` (see the module doc).
+    """Encode every image of ``sources`` into stored zip shards (KCIMG1 index) in ``out_dir``,
+    with ``manifest.parquet``, ``skipped.jsonl`` and ``encoding.json`` beside them.
 
     Args:
         out_dir: the output folder.
@@ -247,11 +288,17 @@ def write_images(
         min_short: images whose short side is smaller are skipped.
         per_shard: images per shard.
         workers: encoding threads (default: the CPUs).
-        codec, jpeg_encoder: see ``write.image_codecs``.
+        codec: the stored format: ``jpeg``, ``avif``, ``jxl`` (``kohakuclip[jxl]``) or ``webp``.
+        jpeg_encoder: ``tuned`` (smallest at equal quality), ``turbo`` (fastest) or ``jpegli``
+            (4:2:0 only, ``kohakuclip[jpegli]``).
         backend: ``native`` or ``pillow`` decoding and resizing.
         progress: show a progress bar.
-        part: ``"I/N"`` or a ``Part``: store only part I of N (see the module doc).
+        part: ``"I/N"`` or a ``Part``: store only the I-th of N contiguous blocks of the images
+            sorted by origin, into files named after the part (``merge`` joins the parts).
         resume: keep a run (part) that finished earlier instead of writing it again.
+
+    Raises:
+        ValueError: an invalid setting, or a codec whose package is missing.
     """
     check_codec(codec, jpeg_encoder)
     if per_shard < 1:

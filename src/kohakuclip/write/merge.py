@@ -28,7 +28,6 @@ import pyarrow.parquet as pq
 
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import DATASET_FILE, MANIFEST_FILE, SKIPPED_FILE, manifest_table
-from kohakuclip.storage.catalog import SourceError, index_layout
 from kohakuclip.storage.image_index import find_image_index
 from kohakuclip.storage.index import IndexFormatError
 from kohakuclip.storage.remote import (
@@ -39,6 +38,7 @@ from kohakuclip.storage.remote import (
     open_object,
     store_for,
 )
+from kohakuclip.storage.video_listing import SourceError, index_layout
 from kohakuclip.storage.view import DatasetView, ShardListing, ViewKind, dump_view
 from kohakuclip.storage.zip import ArchiveError
 from kohakuclip.write.pack import TEMP_SUFFIX
@@ -54,14 +54,23 @@ class MergeError(KohakuClipError, RuntimeError):
 
 @dataclass(frozen=True)
 class MergeResult:
-    """What ``merge`` wrote."""
+    """What ``merge`` wrote.
 
-    view: str  # path of dataset.json
+    Attributes:
+        view: the path (or URL) of ``dataset.json``.
+        kind: ``video`` or ``image`` shards.
+        shards: shards in the view.
+        count: videos (or images) in the view.
+        bytes: bytes of the shards.
+        parts: parts merged (1 for a single run).
+    """
+
+    view: str
     kind: ViewKind
     shards: int
-    count: int  # videos (images)
+    count: int
     bytes: int
-    parts: int  # parts merged (1 for a single run)
+    parts: int
 
 
 @dataclass(frozen=True)
@@ -203,7 +212,7 @@ def _image_listing(out: _Out, shard: str, rows: pa.Table) -> ShardListing:
 
 def merge(out: str | os.PathLike[str]) -> MergeResult:
     """Write ``manifest.parquet``, ``skipped.jsonl`` and ``dataset.json`` over every part in
-    ``out`` (see the module doc).
+    ``out``: the dataset view that ``Reader``, ``ImageReader`` and the datasets read in one go.
 
     Args:
         out: the folder the parts (or a single run) wrote into, or the object-store URL prefix

@@ -188,8 +188,19 @@ def pack(
     members: Iterable[tuple[str, bytes]],
     container: Container | None = None,
 ) -> VideoIndex:
-    """Write the shard ``path`` (``.tar``: a tar, otherwise a stored zip) from (name, mp4 bytes)
-    members, with its index; returns the index it wrote."""
+    """Write one video shard with its KCIDX1 index from already encoded mp4s.
+
+    Args:
+        path: the shard file; written under a temporary name and renamed when complete.
+        members: ``(name, mp4 bytes)`` pairs, e.g. from ``encode``; names must be unique.
+        container: ``zip`` (stored) or ``tar``; default: ``tar`` for a ``.tar`` path, else zip.
+
+    Returns:
+        The index written into the shard.
+
+    Raises:
+        PackError: a bad or repeated name, or bytes that are not a supported mp4.
+    """
     with ShardWriter(path, container) as shard:
         for name, data in members:
             shard.add(name, data)

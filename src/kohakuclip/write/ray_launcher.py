@@ -1,4 +1,5 @@
-"""Run a write job's parts as Ray tasks (``write(..., ray=True)``, ``kohakuclip-write --ray``).
+"""Run a write job's parts as Ray tasks: ``write_videos(..., ray=True)``, ``kohakuclip-write
+--ray``.
 
 The driver connects to the cluster ``RAY_ADDRESS`` names, or starts a local Ray when none is
 set, and submits one task per part (``part=I/N`` of the same job into the same folder, which

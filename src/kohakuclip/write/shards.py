@@ -1,4 +1,4 @@
-"""Write a folder of video shards from many sources: ``kohakuclip.writer.write``.
+"""Write a folder of video shards from many sources: ``kohakuclip.write_videos``.
 
 Videos are encoded one per worker thread (the encoders release the GIL) and packed in source
 order, ``per_shard`` to a shard, so the result does not depend on the worker count. Beside the
@@ -57,14 +57,23 @@ class WriteError(KohakuClipError, RuntimeError):
 
 @dataclass
 class WriteResult:
-    """What a ``write`` call produced."""
+    """What a ``write_videos`` call produced.
+
+    Attributes:
+        out: the output folder.
+        shards: the shard files this call wrote.
+        videos: videos this call packed.
+        skipped: sources this call skipped (listed in ``skipped.jsonl``).
+        seconds: seconds of video this call packed.
+        resumed_videos: videos already there from an earlier run (``resume=True``).
+    """
 
     out: str
-    shards: list[str] = field(default_factory=list)  # shard files written by this call
-    videos: int = 0  # videos packed by this call
-    skipped: int = 0  # sources skipped by this call
-    seconds: float = 0.0  # seconds of video packed by this call
-    resumed_videos: int = 0  # videos already there from an earlier run
+    shards: list[str] = field(default_factory=list)
+    videos: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    resumed_videos: int = 0
 
 
 @dataclass
@@ -241,7 +250,7 @@ def _in_order(
 
 
 class _Run:
-    """One ``write`` call's state: the open shard, manifest rows, skip log and progress."""
+    """One ``write_videos`` call's state: the open shard, manifest rows, skip log and progress."""
 
     def __init__(
         self,
@@ -343,7 +352,7 @@ def _merge_manifest(out: str, names: OutputNames) -> None:
         os.rmdir(parts)
 
 
-def write(
+def write_videos(
     out: str | os.PathLike[str],
     sources: Iterable[str | os.PathLike[str] | Source | tuple[str, bytes]],
     *,
@@ -371,7 +380,14 @@ def write(
         out: the output folder.
         sources: video files, folders, tar archives, gulp directories, ``(name, bytes)`` pairs
             or ``Source`` objects.
-        codec, crf, gop, preset, max_short, loop_filters: see ``EncodeSettings``.
+        codec: ``av1`` (SVT-AV1), ``h264`` (libx264) or ``hevc`` (libx265).
+        crf: the encoder's CRF (default per codec: AV1 36, H.264 23, HEVC 28).
+        gop: frames per closed GOP (a keyframe every ``gop`` frames).
+        preset: SVT-AV1's preset number for AV1 (default 6), an x264 / x265 preset name
+            otherwise (default ``medium``).
+        max_short: cap on the stored short side (0: none), never upscaled.
+        loop_filters: keep AV1's deblocking, CDEF and loop restoration on (off by default:
+            decoding is faster at the same size).
         per_shard: videos per shard.
         container: ``zip`` (stored) or ``tar``.
         workers: videos encoded at once (default: the CPUs; with ``ray``: per task, default 1).
@@ -385,6 +401,10 @@ def write(
         ray: run the job as Ray tasks, one per part, on the cluster ``RAY_ADDRESS`` names (or a
             local Ray), then ``merge`` them; needs ``kohakuclip[ray]``.
         ray_parts: parts (tasks) for ``ray`` (default: the cluster's CPUs / ``workers``).
+
+    Raises:
+        WriteError: ``out`` holds an earlier run (without ``resume``, or with other settings).
+        ValueError: an invalid setting.
     """
     out = os.fspath(out)
     settings = EncodeSettings(codec, crf, gop, preset, max_short, loop_filters)  # type: ignore[arg-type]

@@ -46,17 +46,30 @@ SIDECAR_SUFFIXES = (".txt", ".json")
 
 @dataclass(frozen=True)
 class Source:
-    """One video to encode, with what travels with it into the manifest."""
+    """One video to encode, with what travels with it into the manifest (``Source.from_bytes``
+    makes one from memory).
 
-    name: str  # member name in the shard (before the suffix becomes .mp4)
-    origin: str  # a path, ``archive.tar::member``, ``gulp_dir::id`` or ``<bytes>::name``
-    size: int  # source bytes
-    sidecars: dict[str, bytes] = field(default_factory=dict)  # ".txt" / ".json" -> bytes
-    path: str | None = None  # a file FFmpeg opens itself
-    data: bytes | None = None  # in-memory bytes
-    archive: str | None = None  # tar member: the archive ...
-    offset: int = 0  # ... and where the member's bytes are
-    gulp: GulpVideo | None = None  # a gulp video, encoded from its JPEG frames
+    Attributes:
+        name: the member name in the shard (before its suffix becomes ``.mp4``).
+        origin: a path, ``archive.tar::member``, ``gulp_dir::id`` or ``<bytes>::name``.
+        size: bytes of the source.
+        sidecars: ``.txt`` / ``.json`` sidecar bytes by suffix.
+        path: a file FFmpeg opens itself.
+        data: in-memory bytes.
+        archive: for a tar member: the archive ...
+        offset: ... and where the member's bytes start in it.
+        gulp: a gulp video, encoded from its JPEG frames.
+    """
+
+    name: str
+    origin: str
+    size: int
+    sidecars: dict[str, bytes] = field(default_factory=dict)
+    path: str | None = None
+    data: bytes | None = None
+    archive: str | None = None
+    offset: int = 0
+    gulp: GulpVideo | None = None
 
     @classmethod
     def from_bytes(

@@ -285,7 +285,23 @@ def encode(
     max_short: int = 512,
     loop_filters: bool = False,
 ) -> bytes:
-    """Re-encode one video (a path or the bytes of a video file) to kohakuclip's storage
-    format and return the faststart mp4 bytes (see ``EncodeSettings`` for the defaults)."""
+    """Re-encode one video to kohakuclip's storage format, as ``write_videos`` stores it.
+
+    Args:
+        source: the video file's path, or its bytes.
+        codec: ``av1``, ``h264`` or ``hevc``.
+        crf: the encoder's CRF (default per codec: AV1 36, H.264 23, HEVC 28).
+        gop: frames per closed GOP.
+        preset: SVT-AV1's preset number for AV1 (default 6), an x264 / x265 preset name
+            otherwise (default ``medium``).
+        max_short: cap on the stored short side (0: none), never upscaled.
+        loop_filters: keep AV1's deblocking, CDEF and loop restoration on.
+
+    Returns:
+        The faststart mp4 bytes, ready for ``pack``.
+
+    Raises:
+        EncodeError: a source that is not a video, is corrupt, or has no frames.
+    """
     settings = EncodeSettings(codec, crf, gop, preset, max_short, loop_filters)  # type: ignore[arg-type]
     return encode_video(source, settings).data

@@ -1,0 +1,371 @@
+"""Listing video sources: paths, URLs, prefixes, folders and dataset views expanded into shards,
+folders and gulp directories (``VideoSource``) and their videos (``VideoRef``).
+
+Sources are zip or tar shards (with or without a KCIDX1 index member), folder trees of mp4
+files, GulpIO directories, and folders with a dataset view (``dataset.json``, written by
+``kohakuclip merge``): their shards in the view's order, each video's header entry from the
+merged manifest, no shard opened. Zip shards, mp4 files and GulpIO directories may also be in
+object storage (``s3://``, ``gs://``, ``az://``, ``http(s)://``; ``storage.remote``), and a URL
+ending in ``/`` lists the shards or mp4 files under it (``http(s)://``: found from the
+writers' files, see ``storage.prefix``). Opening a source reads at most its zip
+tail and index header (a few ranged reads, never a listing of members); no frame table is read
+here (``storage.video_resolve`` does that).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kohakuclip.errors import KohakuClipError
+from kohakuclip.formats import (
+    AV1_DEPS_KEY,
+    DATASET_FILE,
+    FRAME_RECORD,
+    INDEX_MEMBER,
+    SHARD_SUFFIXES,
+    VIDEO_INDEX_MAGIC,
+    IndexFormatError,
+    VideoEntry,
+    read_index_header,
+)
+from kohakuclip.gulp.index import GulpIndex, open_gulp_source, open_remote_gulp
+from kohakuclip.gulp.meta import is_gulp_directory
+from kohakuclip.storage.files import FileCache
+from kohakuclip.storage.folder import list_folder
+from kohakuclip.storage.index import video_entries
+from kohakuclip.storage.prefix import list_prefix
+from kohakuclip.storage.ranged import Objects
+from kohakuclip.storage.remote import ObjectStoreError, is_url, local_path, suffix_of
+from kohakuclip.storage.tar import find_tar_last_member, list_tar
+from kohakuclip.storage.view import ViewError, has_view, load_view, parse_view
+from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
+
+VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov")
+
+
+class SourceError(KohakuClipError, ValueError):
+    """A source that cannot be opened, or a video in it that cannot be read."""
+
+
+@dataclass
+class VideoSource:
+    """One listed source of videos: a shard, a folder (local or a URL prefix) or a gulp."""
+
+    path: str
+    kind: str  # "zip" | "tar" | "folder" | "gulp"
+    index_member: Member | None = None
+    members: dict[str, Member] | None = None  # filled lazily for archives
+    records_start: int = 0  # absolute offset of the first index record
+    deps_start: int = -1  # absolute offset of the AV1 dependency table (-1: none)
+    deps: dict[str, tuple[int, int]] | None = None  # member -> (first record offset, records)
+    gulp: GulpIndex | None = None
+    remote: bool = False  # an object-storage source: every path under it is a URL
+    expected_size: int = -1  # from a dataset view: the shard's size when merged (-1: unknown)
+
+
+@dataclass(frozen=True)
+class VideoRef:
+    """Where one video lives."""
+
+    source: int  # index into the listed sources
+    member: str  # member name in the archive, or path relative to the folder
+    entry: VideoEntry | None = None  # header entry when the source has an index
+
+
+_VIEW_COLUMNS = ["shard", "index", "member", "frames", "fps", "width", "height", "codec"]
+_VIEW_COLUMNS += ["colorspace", "prefix"]
+
+
+def list_video_sources(
+    paths: list[str], objects: Objects, use_index: bool = True
+) -> tuple[list[VideoSource], list[VideoRef]]:
+    """The sources ``paths`` expand to, and their videos in order.
+
+    Args:
+        paths: shards, folders, mp4 files, gulp directories, dataset views, or their URLs.
+        objects: where remote objects are opened and read (their listing entries are recorded).
+        use_index: read shards' KCIDX1 index; False lists their mp4 members instead.
+    """
+    lister = _Lister(objects, use_index)
+    for path in paths:
+        lister.add(os.fspath(path))
+    return lister.sources, lister.videos
+
+
+def archive_members(objects: Objects, src: VideoSource) -> dict[str, Member]:
+    """The members of a zip or tar source, listed on first use (kept in ``src.members``)."""
+    if src.members is None:
+        try:
+            if src.kind == "zip":
+                with objects.open(src.path) as f:
+                    listed = list_zip(f)
+            elif src.remote:
+                with objects.open(src.path) as f:
+                    listed = list_tar(f)
+            else:
+                listed = list_tar(src.path)
+        except (ArchiveError, ObjectStoreError) as e:
+            raise SourceError(str(e)) from None
+        src.members = {m.name: m for m in listed}
+    return src.members
+
+
+def index_layout(path: str) -> tuple[Member, int, int, list[VideoEntry]]:
+    """Where an indexed video shard's index lies: the index member, the absolute offsets of its
+    first frame record and of its KCAV1D table (-1: none), and its header entries."""
+    files = FileCache(4)
+    try:
+        sources, videos = list_video_sources([path], Objects(files, None, None))
+        src = sources[0]
+        if src.index_member is None:
+            raise SourceError(f"{path}: no {INDEX_MEMBER} member (not a kohakuclip shard)")
+        entries = [ref.entry for ref in videos if ref.entry is not None]
+        return src.index_member, src.records_start, src.deps_start, entries
+    finally:
+        files.close()
+
+
+class _Lister:
+    """Sources and videos appended as paths are expanded."""
+
+    def __init__(self, objects: Objects, use_index: bool) -> None:
+        self.objects = objects
+        self.use_index = use_index
+        self.sources: list[VideoSource] = []
+        self.videos: list[VideoRef] = []
+
+    def add(self, path: str) -> None:
+        path = local_path(path)
+        if is_url(path):
+            try:
+                self._add_remote(path)
+            except ObjectStoreError as e:
+                raise SourceError(str(e)) from None
+            return
+        if has_view(path):
+            self._add_view(path)
+            return
+        if os.path.isdir(path) and is_gulp_directory(path):
+            sid = len(self.sources)
+            try:
+                gulp = open_gulp_source(path)
+            except ValueError as e:
+                raise SourceError(str(e)) from None
+            self.sources.append(VideoSource(path, "gulp", gulp=gulp))
+            self.videos.extend(VideoRef(sid, str(id_)) for id_ in gulp.ids)
+            return
+        if os.path.isdir(path):
+            names = list_folder(path, VIDEO_SUFFIXES)
+            shards = [] if names else list_folder(path, SHARD_SUFFIXES)
+            if shards:  # a folder of shards, e.g. kohakuclip-write's output
+                for name in shards:
+                    self.add(os.path.join(path, name))
+                return
+            sid = len(self.sources)
+            self.sources.append(VideoSource(path, "folder"))
+            self.videos.extend(VideoRef(sid, name) for name in names)
+            return
+        if not os.path.exists(path):
+            raise SourceError(f"{path}: no such file or directory")
+        if path.lower().endswith(VIDEO_SUFFIXES):  # one video file: a folder of one
+            sid = len(self.sources)
+            self.sources.append(VideoSource(os.path.dirname(path) or ".", "folder"))
+            self.videos.append(VideoRef(sid, os.path.basename(path)))
+            return
+        self._add_archive(path)
+
+    def _add_remote(self, url: str) -> None:
+        """An object, or every shard and mp4 file under a prefix (a URL ending in ``/``)."""
+        if not url.endswith("/"):
+            self.objects.remote(url)
+            if suffix_of(url) in VIDEO_SUFFIXES:  # one mp4: a folder source of one video
+                folder, name = url.rsplit("/", 1)
+                self.sources.append(VideoSource(folder + "/", "folder", remote=True))
+                self.videos.append(VideoRef(len(self.sources) - 1, name))
+            else:
+                self._add_archive(url, remote=True)
+            return
+        listed = list_prefix(url, self.objects.options)
+        if any(found == url + DATASET_FILE for found, _ in listed):  # a merged dataset view
+            self._add_view(url, dict(listed))
+            return
+        if self._add_remote_gulp(url, listed):
+            return
+        names = []
+        for found, meta in listed:
+            suffix = suffix_of(found)
+            if suffix in (".zip", ".tar"):
+                self.objects.remote(found, meta)
+                self._add_archive(found, remote=True)
+            elif suffix in VIDEO_SUFFIXES:
+                self.objects.remote(found, meta)
+                names.append(found[len(url) :])
+            elif suffix in (".gulp", ".gmeta"):
+                raise SourceError(
+                    f"{found}: only zip and tar shards, mp4 files and gulp directories (a prefix "
+                    "holding data_<i>.gulp and meta_<i>.gmeta) are read from URLs"
+                )
+        if names:
+            sid = len(self.sources)
+            self.sources.append(VideoSource(url, "folder", remote=True))
+            self.videos.extend(VideoRef(sid, name) for name in names)
+        elif not any(suffix_of(found) in (".zip", ".tar") for found, _ in listed):
+            raise SourceError(f"{url}: no zip or tar shards or mp4 files under this prefix")
+
+    def _add_remote_gulp(self, url: str, listed: list[tuple[str, dict[str, Any]]]) -> bool:
+        """A gulp directory directly under the prefix ``url``; False when there is none."""
+        sizes = {found: int(meta["size"]) for found, meta in listed}
+        for found, meta in listed:
+            self.objects.remote(found, meta)
+
+        def fetch(found: str) -> bytes:
+            return self.objects.read(found, 0, sizes[found])
+
+        def read_at(path: str, offset: int, length: int) -> bytes:
+            return self.objects.read(path, offset, length)
+
+        try:
+            gulp = open_remote_gulp(url, sizes, fetch, read_at)
+        except ValueError as e:
+            raise SourceError(str(e)) from None
+        if gulp is None:
+            return False
+        sid = len(self.sources)
+        self.sources.append(VideoSource(url, "gulp", gulp=gulp, remote=True))
+        self.videos.extend(VideoRef(sid, str(id_)) for id_ in gulp.ids)
+        return True
+
+    def _add_archive(self, path: str, remote: bool = False) -> None:
+        kind = "tar" if path.endswith(".tar") else "zip"
+        src = VideoSource(path, kind, remote=remote)
+        sid = len(self.sources)
+        try:
+            if remote and kind == "tar":  # the index from the tail, no walk of the headers
+                with self.objects.open(path) as f:
+                    last = find_tar_last_member(f) if self.use_index else None
+                src.index_member = last if last is not None and last.name == INDEX_MEMBER else None
+            elif kind == "zip":
+                with self.objects.open(path) as f:
+                    src.index_member = find_zip_member(f, INDEX_MEMBER) if self.use_index else None
+            else:
+                src.members = {m.name: m for m in list_tar(path)}
+                src.index_member = src.members.get(INDEX_MEMBER) if self.use_index else None
+        except (ArchiveError, ObjectStoreError) as e:
+            raise SourceError(str(e)) from None
+        self.sources.append(src)
+        if src.index_member is not None:
+            header = self._read_index_header(src)
+            self.videos.extend(VideoRef(sid, v.member, v) for v in header)
+        else:
+            members = archive_members(self.objects, src)
+            self.videos.extend(
+                VideoRef(sid, name)
+                for name in sorted(members)
+                if name.lower().endswith(VIDEO_SUFFIXES)
+            )
+
+    def _add_view(self, root: str, listed: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """Every shard of a dataset view, each video's entry from the merged manifest: a
+        folder's, or (given ``listed``, its objects: URL -> listing entry) a URL prefix's, read
+        with one GET each for the view and the manifest."""
+        remote = listed is not None
+        try:
+            if listed is not None:
+                where = root + DATASET_FILE
+                obj = self.objects.remote(where, listed[where])
+                view = parse_view(obj.read(0, obj.size), where)
+            else:
+                view = load_view(root)
+        except (ViewError, ObjectStoreError) as e:
+            raise SourceError(str(e)) from None
+        manifest = root + view.manifest if remote else os.path.join(root, view.manifest)
+        if view.kind != "video":
+            raise SourceError(f"{root}: a dataset view of {view.kind}s, not videos")
+        try:
+            if listed is not None:
+                if manifest not in listed:
+                    raise FileNotFoundError("no such object")
+                obj = self.objects.remote(manifest, listed[manifest])
+                table = pq.read_table(pa.BufferReader(obj.read(0, obj.size)), columns=_VIEW_COLUMNS)
+            else:
+                table = pq.read_table(manifest, columns=_VIEW_COLUMNS)
+        except (OSError, KeyError, ValueError) as e:
+            raise SourceError(f"{manifest}: cannot read the merged manifest ({e})") from None
+        table = table.sort_by([("shard", "ascending"), ("index", "ascending")])
+        columns = {name: table.column(name).to_pylist() for name in _VIEW_COLUMNS}
+        start = 0
+        for shard in view.shards:
+            rows = range(start, start + shard.count)
+            start += shard.count
+            if rows.stop > len(table) or any(columns["shard"][i] != shard.name for i in rows):
+                raise SourceError(f"{manifest}: rows disagree with the view's {shard.name}")
+            kind = "tar" if shard.name.endswith(".tar") else "zip"
+            sid = len(self.sources)
+            path = root + shard.name if remote else os.path.join(root, shard.name)
+            if listed is not None:
+                if path not in listed:
+                    raise SourceError(f"{path}: listed in the dataset view, but no such object")
+                self.objects.remote(path, listed[path])
+            self.sources.append(
+                VideoSource(
+                    path,
+                    kind,
+                    remote=remote,
+                    index_member=Member(INDEX_MEMBER, *shard.index),
+                    records_start=shard.records,
+                    deps_start=shard.deps,
+                    expected_size=shard.bytes,
+                )
+            )
+            row = 0
+            for i in rows:
+                entry = VideoEntry(
+                    member=columns["member"][i],
+                    row=row,
+                    n=columns["frames"][i],
+                    fps=columns["fps"][i],
+                    h=columns["height"][i],
+                    w=columns["width"][i],
+                    codec=columns["codec"][i],
+                    prefix=columns["prefix"][i] or "",
+                    colorspace=columns["colorspace"][i],
+                )
+                row += entry.n
+                self.videos.append(VideoRef(sid, entry.member, entry))
+        if start != len(table):
+            raise SourceError(f"{manifest}: {len(table)} rows, the view lists {start} videos")
+
+    def _read_index_header(self, src: VideoSource) -> list[VideoEntry]:
+        member = src.index_member
+        assert member is not None
+        where = f"{src.path}:{INDEX_MEMBER}"
+        try:
+            with self.objects.open(src.path) as f:
+                head = read_index_header(
+                    lambda at, n: f.read(member.offset + at, n),
+                    VIDEO_INDEX_MAGIC,
+                    member.size,
+                    where,
+                )
+            header = head.header
+            videos = video_entries(header, where)
+        except IndexFormatError as e:
+            raise SourceError(str(e)) from None
+        src.records_start = member.offset + head.records
+        trailer = header.get(AV1_DEPS_KEY, 0)
+        if not isinstance(trailer, int) or not 0 <= trailer <= member.size:
+            raise SourceError(f"{where}: bad {AV1_DEPS_KEY!r} size {trailer!r}")
+        if trailer:
+            src.deps_start = member.offset + member.size - trailer
+        records_end = member.offset + member.size - trailer
+        n_records = (records_end - src.records_start) // FRAME_RECORD.itemsize
+        for v in videos:
+            if v.row < 0 or v.row + v.n > n_records:
+                raise SourceError(f"{where}: video {v.member!r} rows exceed the frame table")
+        return videos

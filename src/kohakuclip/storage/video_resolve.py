@@ -1,0 +1,248 @@
+"""Resolving a listed video into its ``VideoTrack``: from its index rows (one read), from a gulp
+directory's frame table, or from parsing the mp4's moov box (and, for AV1 without an index, its
+frame headers)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from kohakuclip.codecs.av1 import Av1Deps, Av1ParseError, analyze
+from kohakuclip.formats import (
+    AV1_DEPS_KEY,
+    AV1_DEPS_MAGIC,
+    AV1_FRAME_RECORD,
+    FLAG_KEYFRAME,
+    FRAME_RECORD,
+    INDEX_MEMBER,
+    IndexFormatError,
+    VideoEntry,
+    read_index_header,
+)
+from kohakuclip.gulp.index import GulpIndex
+from kohakuclip.mp4.moov import parse_mp4
+from kohakuclip.storage.ranged import Objects, RangedFile
+from kohakuclip.storage.remote import ObjectStoreError
+from kohakuclip.storage.video_listing import SourceError, VideoRef, VideoSource, archive_members
+from kohakuclip.storage.zip import ArchiveError, find_zip_member
+from kohakuclip.tracks import VideoTrack
+
+
+def resolve_video(
+    objects: Objects,
+    src: VideoSource,
+    ref: VideoRef,
+    where: str,
+    gulp_fps: float | None = None,
+    analyze_av1: bool = True,
+) -> VideoTrack:
+    """The frame table of the video ``ref`` of the source ``src``.
+
+    Args:
+        objects: where the source's files and objects are read.
+        src: the listed source holding the video.
+        ref: the listed video.
+        where: how messages name the video.
+        gulp_fps: the frame rate of gulp videos (default: their meta's, else 0).
+        analyze_av1: parse the frame headers of AV1 videos without an index (one read of their
+            samples) for their dependency table.
+    """
+    if ref.entry is not None:
+        return _from_index(objects, src, ref, where, analyze_av1)
+    if src.gulp is not None:
+        return _from_gulp(src.gulp, src.gulp.position(ref.member), gulp_fps)
+    return _from_moov(objects, src, ref, where, analyze_av1)
+
+
+def member_location(
+    objects: Objects, src: VideoSource, ref: VideoRef, where: str
+) -> tuple[str, int, int]:
+    """(file or URL, offset, size) of the mp4 bytes of the video ``ref`` (``where``: how
+    messages name it); an archive's member must be stored uncompressed."""
+    if src.kind == "folder" and src.remote:
+        url = src.path + ref.member
+        try:
+            return url, 0, objects.remote(url).size
+        except ObjectStoreError as e:
+            raise SourceError(str(e)) from None
+    if src.kind == "folder":
+        path = os.path.join(src.path, ref.member)
+        try:
+            return path, 0, os.path.getsize(path)
+        except OSError as e:
+            raise SourceError(f"{path}: {e.strerror}") from None
+    if src.kind == "zip" and src.remote and src.members is None:  # without a listing
+        try:
+            with objects.open(src.path) as f:
+                member = find_zip_member(f, ref.member, stored_only=False)
+        except (ArchiveError, ObjectStoreError) as e:
+            raise SourceError(str(e)) from None
+    else:
+        member = archive_members(objects, src).get(ref.member)
+    if member is None:
+        raise SourceError(f"{where}: member missing from the archive")
+    if member.compressed:
+        raise SourceError(f"{where}: member is compressed; store videos uncompressed")
+    return src.path, member.offset, member.size
+
+
+def _index_rows(objects: Objects, src: VideoSource, entry: VideoEntry) -> np.ndarray:
+    """One video's index records, read with one pread (or ranged GET)."""
+    size = entry.n * FRAME_RECORD.itemsize
+    start = src.records_start + entry.row * FRAME_RECORD.itemsize
+    if src.expected_size >= 0:
+        with objects.open(src.path) as f:
+            actual = f.size
+        if actual != src.expected_size:
+            raise SourceError(
+                f"{src.path}: {actual} bytes, the dataset view says {src.expected_size} "
+                "(changed since `kohakuclip merge`: merge again)"
+            )
+        src.expected_size = -1
+    raw = objects.read(src.path, start, size)
+    if len(raw) != size:
+        raise SourceError(f"{src.path}:{INDEX_MEMBER}: truncated frame table")
+    return np.frombuffer(raw, dtype=FRAME_RECORD)
+
+
+def _av1_frames(objects: Objects, src: VideoSource, member: str) -> np.ndarray | None:
+    """A video's AV1_FRAME_RECORDs from the table after the index records, if any."""
+    if src.deps_start < 0:
+        return None
+    where = f"{src.path}:{INDEX_MEMBER}:{AV1_DEPS_KEY}"
+    if src.deps is None:
+        size = None
+        if src.index_member is not None:
+            size = src.index_member.offset + src.index_member.size - src.deps_start
+        try:
+            with objects.open(src.path) as f:
+                head = read_index_header(
+                    lambda at, n: f.read(src.deps_start + at, n), AV1_DEPS_MAGIC, size, where
+                )
+            first = src.deps_start + head.records
+            record = AV1_FRAME_RECORD.itemsize
+            src.deps = {
+                str(v["member"]): (first + int(v["row"]) * record, int(v["n"]))
+                for v in head.header["videos"]
+            }
+        except (IndexFormatError, KeyError, TypeError, ValueError) as e:
+            raise SourceError(f"{where}: {e}") from None
+    located = src.deps.get(member)
+    if located is None:
+        return None
+    start, count = located
+    raw = objects.read(src.path, start, count * AV1_FRAME_RECORD.itemsize)
+    if len(raw) != count * AV1_FRAME_RECORD.itemsize:
+        raise SourceError(f"{where}: truncated table")
+    return np.frombuffer(raw, dtype=AV1_FRAME_RECORD)
+
+
+def _from_gulp(gulp: GulpIndex, video: int, gulp_fps: float | None) -> VideoTrack:
+    path, offsets, sizes = gulp.frames(video)
+    height, width = gulp.frame_size(video)
+    n = len(sizes)
+    return VideoTrack(
+        codec="jpeg",
+        width=width,
+        height=height,
+        fps=gulp_fps or gulp.fps(video) or 0.0,
+        colorspace="bt601",
+        full_range=True,
+        prefix=b"",
+        nal_length_size=0,
+        path=path,
+        offsets=np.asarray(offsets, np.uint64),
+        sizes=np.asarray(sizes, np.uint32),
+        keep=np.asarray(sizes, np.uint32),
+        keyframe=np.ones(n, bool),
+    )
+
+
+def _from_moov(
+    objects: Objects, src: VideoSource, ref: VideoRef, where: str, analyze_av1: bool
+) -> VideoTrack:
+    path, base, size = member_location(objects, src, ref, where)
+    try:
+        with objects.open(path) as f:
+            mp4 = parse_mp4(lambda off, n: f.read(base + off, n), size, base=base, where=where)
+            deps = _analyze_av1(f, mp4, where, analyze_av1) if mp4.codec == "av1" else None
+    except ObjectStoreError as e:
+        raise SourceError(str(e)) from None
+    except OSError as e:
+        raise SourceError(f"{where}: {e.strerror}") from None
+    except ValueError as e:
+        raise SourceError(str(e)) from None
+    sizes = np.asarray(mp4.sizes, dtype=np.uint32)
+    return VideoTrack(
+        codec=mp4.codec,
+        width=mp4.width,
+        height=mp4.height,
+        fps=float(mp4.fps),
+        colorspace=mp4.matrix or ("bt709" if min(mp4.width, mp4.height) >= 720 else "bt601"),
+        full_range=bool(mp4.full_range),
+        prefix=bytes(mp4.prefix),
+        nal_length_size=int(mp4.nal_length_size),
+        path=path,
+        offsets=np.asarray(mp4.offsets, dtype=np.uint64),
+        sizes=sizes,
+        keep=sizes if deps is None else deps.keep,
+        keyframe=np.asarray(mp4.keyframes, dtype=bool),
+        display=np.asarray(mp4.display, dtype=np.int64),
+        av1_frames=None if deps is None else deps.frames,
+        config=bytes(mp4.config),
+    )
+
+
+def _analyze_av1(f: RangedFile, mp4: Any, where: str, enabled: bool) -> Av1Deps | None:
+    """The AV1 dependency table of a video without an index, built on first use (one read
+    of its samples): the moov fallback then skips as much as an indexed shard. None when
+    disabled, or when a frame header does not parse (``keep`` stays the whole sample)."""
+    if not enabled or mp4.n == 0:
+        return None
+    offsets = mp4.offsets.astype(np.int64)
+    start = int(offsets.min())
+    data = f.read(start, int((offsets + mp4.sizes).max()) - start)
+    view = memoryview(data)
+    samples = [
+        view[o - start : o - start + z] for o, z in zip(offsets.tolist(), mp4.sizes.tolist())
+    ]
+    try:
+        return analyze(samples, mp4.prefix, where)
+    except Av1ParseError:
+        return None
+
+
+def _from_index(
+    objects: Objects, src: VideoSource, ref: VideoRef, where: str, analyze_av1: bool
+) -> VideoTrack:
+    entry = ref.entry
+    assert entry is not None
+    rows = _index_rows(objects, src, entry)
+    display = None
+    nal_length_size = 0
+    prefix = bytes.fromhex(entry.prefix)
+    if entry.codec != "av1":
+        # The index has no composition times: B-frames need the moov's display order.
+        moov = _from_moov(objects, src, ref, where, analyze_av1)
+        display, nal_length_size = moov.display, moov.nal_length_size
+        if display is None:
+            display = np.arange(entry.n)
+    return VideoTrack(
+        codec=entry.codec,
+        width=entry.w,
+        height=entry.h,
+        fps=entry.fps,
+        colorspace=entry.colorspace,
+        full_range=False,
+        prefix=prefix,
+        nal_length_size=nal_length_size,
+        path=src.path,
+        offsets=rows["offset"],
+        sizes=rows["size"],
+        keep=rows["keep"],
+        keyframe=(rows["flags"] & FLAG_KEYFRAME) != 0,
+        display=display,
+        av1_frames=_av1_frames(objects, src, entry.member) if entry.codec == "av1" else None,
+    )
