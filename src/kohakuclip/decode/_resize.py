@@ -17,7 +17,8 @@ real footage; the triangle is for the ratios a box cannot do without aliasing.
 them as Pillow does: the result is Pillow's resize of the transposed plane, transposed back (bit
 for bit), and within one level of Pillow's own horizontal-first order. Both passes are the same
 kernel: each reads whole source rows (so the multiply-adds vectorise) and stores its output
-transposed, a block of rows at a time, so the second pass reads rows again. Flips only change
+transposed, a block of rows at a time, so the second pass reads rows again (8x8-byte tiles
+transposed in eight 64-bit words: a third of the time byte by byte took). Flips only change
 where each pass stores. Two cases take shorter roads with the same result: a window of the
 output size (a copy) and an exact 2x shrink of both axes (a 2x2 box, rounded once, as Pillow's
 ``reduce(2)`` and OpenCV's area filter do).
@@ -27,9 +28,13 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 PRECISION_BITS = 22
 """Fraction bits of the fixed-point weights (Pillow's, for 8-bit images)."""
@@ -125,6 +130,82 @@ def tmp_shape(src_shape: tuple[int, int], out_shape: tuple[int, int]) -> tuple[i
     return src_shape[1], out_shape[0]
 
 
+def _load_u64_typing(typingctx: object, address: object) -> object:
+    """The 8 bytes at an integer address as one little-endian uint64 (any alignment)."""
+
+    def codegen(context: object, builder: ir.IRBuilder, signature: object, args: list) -> object:
+        return builder.load(builder.inttoptr(args[0], ir.IntType(64).as_pointer()), align=1)
+
+    return types.uint64(types.intp), codegen
+
+
+def _store_u64_typing(typingctx: object, address: object, value: object) -> object:
+    """Store a uint64 as 8 bytes at an integer address (any alignment)."""
+
+    def codegen(context: object, builder: ir.IRBuilder, signature: object, args: list) -> object:
+        builder.store(args[1], builder.inttoptr(args[0], ir.IntType(64).as_pointer()), align=1)
+        return context.get_dummy_value()  # type: ignore[attr-defined]
+
+    return types.void(types.intp, types.uint64), codegen
+
+
+_load_u64: Any = intrinsic(_load_u64_typing)
+_store_u64: Any = intrinsic(_store_u64_typing)
+_BYTES, _PAIRS, _QUADS = (
+    np.uint64(m) for m in (0x00FF00FF00FF00FF, 0x0000FFFF0000FFFF, 0xFFFFFFFF)
+)
+
+
+@numba.njit(inline="always")
+def _swap(a: np.uint64, b: np.uint64, mask: np.uint64, shift: int) -> tuple[np.uint64, np.uint64]:
+    """Exchange the ``mask``-selected lanes of ``a`` shifted down with those of ``b``."""
+    t = ((a >> np.uint64(shift)) ^ b) & mask
+    return a ^ (t << np.uint64(shift)), b ^ t
+
+
+@numba.njit(nogil=True, boundscheck=False, cache=True)
+def _store_transposed(block: np.ndarray, rows: int, ncols: int, out: np.ndarray, p0: int) -> None:
+    """``out[x, p0 + b] = block[b, x]`` for ``b < rows``, ``x < ncols``: 8x8 tiles as eight
+    uint64 words (three rounds of lane swaps), the edges byte by byte."""
+    stride, ostride = block.strides[0], out.strides[0]
+    src0, dst0 = block.ctypes.data, out.ctypes.data + p0
+    tiled = out.strides[1] == 1 and block.strides[1] == 1
+    xt = ncols // 8 * 8 if tiled else 0
+    bt = rows // 8 * 8 if tiled else 0
+    for b0 in range(0, bt, 8):
+        for x0 in range(0, xt, 8):
+            at = src0 + b0 * stride + x0
+            w0, w1 = _load_u64(at), _load_u64(at + stride)
+            w2, w3 = _load_u64(at + 2 * stride), _load_u64(at + 3 * stride)
+            w4, w5 = _load_u64(at + 4 * stride), _load_u64(at + 5 * stride)
+            w6, w7 = _load_u64(at + 6 * stride), _load_u64(at + 7 * stride)
+            w0, w1 = _swap(w0, w1, _BYTES, 8)
+            w2, w3 = _swap(w2, w3, _BYTES, 8)
+            w4, w5 = _swap(w4, w5, _BYTES, 8)
+            w6, w7 = _swap(w6, w7, _BYTES, 8)
+            w0, w2 = _swap(w0, w2, _PAIRS, 16)
+            w1, w3 = _swap(w1, w3, _PAIRS, 16)
+            w4, w6 = _swap(w4, w6, _PAIRS, 16)
+            w5, w7 = _swap(w5, w7, _PAIRS, 16)
+            w0, w4 = _swap(w0, w4, _QUADS, 32)
+            w1, w5 = _swap(w1, w5, _QUADS, 32)
+            w2, w6 = _swap(w2, w6, _QUADS, 32)
+            w3, w7 = _swap(w3, w7, _QUADS, 32)
+            at = dst0 + x0 * ostride + b0
+            _store_u64(at, w0)
+            _store_u64(at + ostride, w1)
+            _store_u64(at + 2 * ostride, w2)
+            _store_u64(at + 3 * ostride, w3)
+            _store_u64(at + 4 * ostride, w4)
+            _store_u64(at + 5 * ostride, w5)
+            _store_u64(at + 6 * ostride, w6)
+            _store_u64(at + 7 * ostride, w7)
+    for x in range(ncols):  # what the tiles left: the last columns, then the last rows
+        dst = out[x, p0 : p0 + rows]
+        for b in range(bt if x < xt else 0, rows):
+            dst[b] = block[b, x]
+
+
 @numba.njit(nogil=True, boundscheck=False, cache=True)
 def _transposed_pass(
     src: np.ndarray,
@@ -168,10 +249,7 @@ def _transposed_pass(
             row = block[b]
             for x in range(ncols):
                 row[x] = np.uint8(min(max(acc[x] >> PRECISION_BITS, 0), 255))
-        for x in range(ncols):
-            dst = out[x, p0 : p0 + rows]
-            for b in range(rows):
-                dst[b] = block[b, x]
+        _store_transposed(block, rows, ncols, out, p0)
 
 
 @numba.njit(nogil=True, boundscheck=False, cache=True)
