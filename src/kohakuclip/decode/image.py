@@ -29,6 +29,17 @@ from kohakuclip.decode.video import padded_packet
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import COLOR_BT709, COLOR_FULL_RANGE
 
+__all__ = [
+    "JPEG_COLORSPACE",
+    "ImageDecodeError",
+    "ImageDecoder",
+    "dct_denominator",
+    "output_shape",
+    "scaled_window",
+    "sniff_codec",
+]
+
+
 JPEG_COLORSPACE = "bt601"
 """What RGB-decoded images report in the yuv modes, with full range: JPEG's own YCbCr."""
 

@@ -28,6 +28,15 @@ from kohakuclip.gulp.frames import JPEG_QUALITY, GulpError
 from kohakuclip.gulp.ingest import GulpIngestor
 from kohakuclip.gulp.sanity import check_gulp_directory
 
+__all__ = [
+    "image_folder_main",
+    "image_list_main",
+    "json_videos_main",
+    "register_adapter_main",
+    "sanity_check_main",
+    "script_name",
+]
+
 
 def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
     """``--a_b`` and ``--a-b`` for the same option."""

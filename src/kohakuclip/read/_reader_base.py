@@ -20,6 +20,9 @@ from kohakuclip.read.pool import OwnedPool, Pending, Task, ThreadPool
 from kohakuclip.read.seeding import per_item_keys
 from kohakuclip.storage.files import FileCache
 
+__all__ = ["ReaderBase", "Sources", "renamed", "warn_renamed"]
+
+
 ItemT = TypeVar("ItemT")
 BatchT = TypeVar("BatchT")
 _R = TypeVar("_R", bound="ReaderBase[Any, Any]")

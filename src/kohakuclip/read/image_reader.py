@@ -37,6 +37,9 @@ from kohakuclip.storage.remote import ObjectStoreError
 if TYPE_CHECKING:
     from kohakuclip.decode._clips import AvcodecClips, ShareTables
 
+__all__ = ["ImageBatch", "ImageInfo", "ImageReadError", "ImageReader"]
+
+
 ImageCropMode = Literal["random", "center", "resized"]
 
 

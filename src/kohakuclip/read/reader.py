@@ -34,6 +34,9 @@ from kohakuclip.tracks import VideoTrack
 if TYPE_CHECKING:
     from kohakuclip.decode._clips import ShareTables
 
+__all__ = ["Batch", "ClipError", "Reader", "VideoInfo"]
+
+
 CropMode = Literal["random", "center"]
 Item = tuple[int, Sequence[int]]
 

@@ -14,6 +14,8 @@ from kohakuclip.write.settings import DEFAULT_CRF, DEFAULT_PRESET, ENCODERS
 from kohakuclip.write.shards import WriteError, write_videos
 from kohakuclip.write.upload import run_staged
 
+__all__ = ["main"]
+
 
 def _preset(value: str) -> int | str:
     return int(value) if value.lstrip("-").isdigit() else value

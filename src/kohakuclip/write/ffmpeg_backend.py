@@ -27,6 +27,9 @@ from kohakuclip.write.video import (
     source_name,
 )
 
+__all__ = ["FFMPEG_ENV", "encode_video_ffmpeg"]
+
+
 FFMPEG_ENV = "KOHAKUCLIP_FFMPEG"
 
 

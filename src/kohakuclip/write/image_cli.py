@@ -10,6 +10,8 @@ from kohakuclip.write.image_sources import ImageInputError
 from kohakuclip.write.images import write_images
 from kohakuclip.write.upload import run_staged
 
+__all__ = ["main"]
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(

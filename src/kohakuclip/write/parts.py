@@ -18,6 +18,9 @@ from typing import TypeVar
 
 from kohakuclip.formats import MANIFEST_FILE, PART_PREFIX, SKIPPED_FILE
 
+__all__ = ["OutputNames", "Part"]
+
+
 T = TypeVar("T")
 
 _PART_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")

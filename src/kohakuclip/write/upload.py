@@ -28,6 +28,9 @@ from kohakuclip.storage.remote import (
     store_for,
 )
 
+__all__ = ["run_staged"]
+
+
 SHARD_SUFFIXES = (".zip", ".tar")
 
 

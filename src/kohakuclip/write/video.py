@@ -31,6 +31,20 @@ from kohakuclip.write.layout import (
 )
 from kohakuclip.write.settings import EncodeSettings
 
+__all__ = [
+    "EncodeError",
+    "EncodedVideo",
+    "SourceInput",
+    "SourceProbe",
+    "encode",
+    "encode_frames",
+    "encode_video",
+    "open_source",
+    "probe_frame",
+    "source_name",
+]
+
+
 SourceInput = str | os.PathLike[str] | bytes | bytearray | memoryview
 
 
