@@ -122,3 +122,16 @@ def test_modules_import_only_public_names_from_each_other() -> None:
         for home, name in _imports(tree):
             if not name.startswith("_"):
                 assert name in (_ALL[home] or ()), f"{module} imports {home}.{name}"
+
+
+def test_the_docs_import_only_public_names() -> None:
+    """The README's and docs' examples import from each module only what it declares."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    imports = r"^\s*from (kohakuclip[\w.]*) import (\([^)]*\)|[^\n]*)"
+    found = 0
+    for page in pages:
+        for home, names in re.findall(imports, page.read_text(), flags=re.M):
+            for name in re.findall(r"(\w+)(?:\s+as\s+\w+)?", names):
+                found += 1
+                assert name in (_ALL[home] or ()), f"{page.name} imports {home}.{name}"
+    assert found > 0

@@ -29,6 +29,7 @@ from kohakuclip.gulp.ingest import GulpIngestor
 from kohakuclip.gulp.sanity import check_gulp_directory
 
 __all__ = [
+    "adapter_main",
     "image_folder_main",
     "image_list_main",
     "json_videos_main",
