@@ -69,6 +69,21 @@ class EncodedVideo:
     def duration(self) -> float:
         return self.frames / self.fps
 
+    @classmethod
+    def of(cls, probe: SourceProbe, data: bytes, frames: int) -> EncodedVideo:
+        """``frames`` frames of ``probe``'s source, stored as ``data`` in its layout."""
+        layout = probe.layout
+        return cls(
+            data=data,
+            frames=frames,
+            fps=float(probe.rate),
+            width=layout.width,
+            height=layout.height,
+            colorspace=layout.colour.stored,
+            source_width=probe.width,
+            source_height=probe.height,
+        )
+
 
 @dataclass(frozen=True)
 class SourceProbe:
@@ -254,17 +269,7 @@ def encode_frames(
     finally:
         if not finished:
             _discard(output)
-    layout = probe.layout
-    return EncodedVideo(
-        data=faststart(buffer.getvalue()),
-        frames=count,
-        fps=float(probe.rate),
-        width=layout.width,
-        height=layout.height,
-        colorspace=layout.colour.stored,
-        source_width=probe.width,
-        source_height=probe.height,
-    )
+    return EncodedVideo.of(probe, faststart(buffer.getvalue()), count)
 
 
 def _discard(output: Any) -> None:
