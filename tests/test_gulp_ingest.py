@@ -324,3 +324,32 @@ def test_abstract_adapter_needs_both_methods():
 
     with pytest.raises(TypeError):
         Incomplete()
+
+
+def test_cli_options_reach_the_adapter(tmp_path):
+    """The shared ingest options (size, label map, duplicates, shuffle, seed) take effect."""
+    expected = make_images(tmp_path / "imgs", 2)
+    (tmp_path / "map.json").write_text(json.dumps({"cat": 7, "dog": 3}))
+    (tmp_path / "l.txt").write_text("cat/1.png, cat\ndog/1.png, dog\ncat/1.png, cat\n")
+    out = tmp_path / "out"
+    argv = [str(tmp_path / "l.txt"), str(out), "--root-path", str(tmp_path / "imgs")]
+    assert image_list_main([*argv, "--quiet"]) == 1  # a duplicate id, not removed
+    options = ["--image_size", "20", "--label2idx", str(tmp_path / "map.json"), "--quiet"]
+    assert image_list_main([*argv, *options, "--remove-duplicate-ids"]) == 0
+    gulp = GulpDirectory(out)
+    assert len(gulp) == 2 and json.loads((out / "label2idx.json").read_text()) == {
+        "cat": 7,
+        "dog": 3,
+    }
+    frames, meta = gulp["dog/1.png"]
+    assert meta["idx"] == 3 and min(frames[0].shape[:2]) == 20
+    assert frames[0].shape[1] * 60 == 20 * 90 and expected["dog/1.png"].shape == (60, 90, 3)
+
+    def order(seed: int) -> list[str]:
+        folder = tmp_path / f"shuffled_{seed}"
+        images = str(tmp_path / "imgs")
+        shuffle = ["--shuffle", "--seed", str(seed), "--quiet", "--images-per-chunk", "1"]
+        assert image_folder_main([images, str(folder), *shuffle]) == 0
+        return [key for chunk in GulpDirectory(folder).chunks() for key in chunk.ids()]
+
+    assert sorted(order(1)) == sorted(expected) and order(1) != order(2)

@@ -30,6 +30,9 @@ import torch
 from kohakuclip.decode._resize import PRECISION_BITS, resize_taps
 from kohakuclip.decode.pixels import yuv420_frame_bytes, yuv_to_rgb_matrix
 
+__all__ = ["Backend", "packed_side", "yuv_to_rgb"]
+
+
 Backend = Literal["auto", "torch", "triton"]
 
 _COLORSPACES = ("bt601", "bt709")

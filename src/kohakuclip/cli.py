@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from kohakuclip.write.samples import make_sample_video
 from kohakuclip.write.shards import WriteResult, write_videos
 
+__all__ = ["main"]
+
 
 def _make_sources(folder: str, count: int, seconds: float) -> list[str]:
     os.makedirs(folder, exist_ok=True)

@@ -7,6 +7,8 @@ Each concrete error also derives from the builtin it always was (``ValueError`` 
 
 from __future__ import annotations
 
+__all__ = ["KohakuClipError"]
+
 
 class KohakuClipError(Exception):
     """Base class of the package's errors."""

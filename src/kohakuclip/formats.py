@@ -19,6 +19,51 @@ import pyarrow as pa
 
 from kohakuclip.errors import KohakuClipError
 
+__all__ = [
+    "AV1_DEPS_KEY",
+    "AV1_DEPS_MAGIC",
+    "AV1_FRAME_RECORD",
+    "AV1_READS_ALL",
+    "AV1_SHOWABLE",
+    "AV1_SHOW_EXISTING",
+    "AV1_SHOW_FRAME",
+    "COLOR_BT709",
+    "COLOR_FULL_RANGE",
+    "COLOR_GRAY",
+    "COLOR_RGB",
+    "DATASET_FILE",
+    "DATASET_FORMAT",
+    "ENCODING_FILE",
+    "FLAG_KEYFRAME",
+    "FRAME_RECORD",
+    "GULP_ALIGNMENT",
+    "GULP_DATA_PATTERN",
+    "GULP_META_PATTERN",
+    "IMAGE_CODECS",
+    "IMAGE_INDEX_MAGIC",
+    "IMAGE_MANIFEST_SCHEMA",
+    "IMAGE_RECORD",
+    "IMAGE_SUFFIXES",
+    "INDEX_MEMBER",
+    "INDEX_VERSION",
+    "MANIFEST_FILE",
+    "PART_PREFIX",
+    "SHARD_SUFFIXES",
+    "SKIPPED_FILE",
+    "VIDEO_INDEX_MAGIC",
+    "VIDEO_MANIFEST_SCHEMA",
+    "Colorspace",
+    "IndexFormatError",
+    "VideoCodec",
+    "VideoEntry",
+    "decode_index",
+    "encode_index",
+    "manifest_columns",
+    "manifest_table",
+    "read_index_header",
+]
+
+
 INDEX_MEMBER = "__index__.bin"
 """Name of the index member inside a shard (zip or tar)."""
 

@@ -24,6 +24,9 @@ try:
 except ImportError:  # the plain torch path covers machines without triton
     triton = None
 
+__all__ = ["available", "convert", "interpreting"]
+
+
 _BLOCK = 256
 
 

@@ -16,6 +16,9 @@ from PIL import Image, ImageDraw, ImageFont
 from kohakuclip.read.pool import Pending
 from kohakuclip.read.reader import Batch, Reader, VideoInfo
 
+__all__ = ["SheetLayout", "contact_sheet"]
+
+
 BACKGROUND = (255, 255, 255)
 TEXT = (20, 20, 20)
 MISSING = (200, 200, 200)

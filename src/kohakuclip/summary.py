@@ -16,6 +16,8 @@ import numpy as np
 
 from kohakuclip.storage.video_catalog import Catalog
 
+__all__ = ["VideoSummary", "describe", "format_table", "to_json"]
+
 
 @dataclass(frozen=True)
 class VideoSummary:

@@ -128,6 +128,7 @@ class BatchDataset(IterableDataset):
         with_meta: yield ``(batch, meta)`` instead of the batch alone.
         rank: this process's rank (None: from torch.distributed, else RANK).
         world_size: the number of ranks (None: from torch.distributed, else WORLD_SIZE).
+        **reader_options: keywords of the reader a subclass opens (``self.reader_options``).
     """
 
     kind = "items"
@@ -145,6 +146,7 @@ class BatchDataset(IterableDataset):
         with_meta: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        **reader_options: Any,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -163,6 +165,7 @@ class BatchDataset(IterableDataset):
         self.seed = seed
         self.threads = threads
         self.with_meta = with_meta
+        self.reader_options = reader_options
         self._ranks = None if rank is None or world_size is None else (rank, world_size)
         self._start = 0
         self._origin: tuple[int, int, tuple[int, ...]] = (0, 0, ())  # samples, batch, per source
@@ -403,24 +406,15 @@ class ClipDataset(BatchDataset):
     and member, lists of str), ``meta`` (the per-video metadata recorded at write time, collated
     per key), ``sample`` (global sample indices, int64 [B]), ``mix`` (the mixed source of each
     clip, int64 [B]) and ``mix_name`` (its name: the mapping key, or its position as str).
+    The arguments it shares with ``BatchDataset`` (sources, batch_size, weights, epochs, seed,
+    threads, with_meta, rank, world_size) are documented there.
 
     Args:
-        sources: one reader's sources, or with ``weights`` several of them mixed (a sequence
-            of sources with a sequence of weights, or a mapping name -> sources).
-        batch_size: items per batch (per rank).
         frames: frames per clip.
         fps: sample clips at this rate (None: consecutive stored frames).
         spread: spread each clip over its whole video.
         sampler: ``sampler(n_video_frames, frames, rng)`` -> frame indices, instead of
             ``kohakuclip.clip``.
-        weights: the mixing weight of each source (by position, or by name for a mapping).
-        epochs: walk a seeded permutation per epoch instead of drawing uniformly.
-        seed: the seed of the sample stream.
-        threads: decoding threads (None: the usable CPUs shared over this node's ranks and
-            DataLoader workers).
-        with_meta: yield ``(batch, meta)`` instead of the batch alone.
-        rank: this process's rank (None: from torch.distributed, else RANK).
-        world_size: the number of ranks (None: from torch.distributed, else WORLD_SIZE).
         **reader_options: keywords of ``kohakuclip.Reader`` (size, mode, crop, hflip, ...).
     """
 
@@ -454,6 +448,7 @@ class ClipDataset(BatchDataset):
             with_meta=with_meta,
             rank=rank,
             world_size=world_size,
+            **reader_options,
         )
         if frames < 1:
             raise ValueError(f"frames must be >= 1, got {frames}")
@@ -463,7 +458,6 @@ class ClipDataset(BatchDataset):
         self.fps = fps
         self.spread = spread
         self.sampler = sampler
-        self.reader_options = reader_options
         self._lengths = np.zeros(0, dtype=np.int64)  # per video: frame count, 0 until looked up
         self._rates = np.zeros(0, dtype=np.float64)
 
@@ -740,51 +734,10 @@ class ImageDataset(BatchDataset):
     the writer's manifest.parquet beside a shard (or a gulp directory's ids and meta_data)
     ``key``, ``caption`` (lists, None where unknown) and ``meta`` (the parsed json sidecars or
     gulp meta_data, collated per key), and ``sample``, ``mix``, ``mix_name`` as for clips.
-    ``weights`` mix several sources as in ClipDataset.
-
-    Args:
-        sources: one reader's sources, or with ``weights`` several of them mixed (a sequence
-            of sources with a sequence of weights, or a mapping name -> sources).
-        batch_size: items per batch (per rank).
-        weights: the mixing weight of each source (by position, or by name for a mapping).
-        epochs: walk a seeded permutation per epoch instead of drawing uniformly.
-        seed: the seed of the sample stream.
-        threads: decoding threads (None: the usable CPUs shared over this node's ranks and
-            DataLoader workers).
-        with_meta: yield ``(batch, meta)`` instead of the batch alone.
-        rank: this process's rank (None: from torch.distributed, else RANK).
-        world_size: the number of ranks (None: from torch.distributed, else WORLD_SIZE).
-        **reader_options: keywords of ``kohakuclip.ImageReader`` (size, crop, mode, ...).
+    ``weights`` mix several sources as in ClipDataset. Its arguments are ``BatchDataset``'s.
     """
 
     kind = "images"
-
-    def __init__(
-        self,
-        sources: Any,
-        batch_size: int,
-        *,
-        epochs: bool = False,
-        seed: int = 0,
-        threads: int | None = None,
-        weights: Any = None,
-        with_meta: bool = False,
-        rank: int | None = None,
-        world_size: int | None = None,
-        **reader_options: Any,
-    ) -> None:
-        super().__init__(
-            sources,
-            batch_size,
-            weights=weights,
-            epochs=epochs,
-            seed=seed,
-            threads=threads,
-            with_meta=with_meta,
-            rank=rank,
-            world_size=world_size,
-        )
-        self.reader_options = reader_options
 
     def _open_reader(self, threads: int) -> Any:
         from kohakuclip.read.image_reader import ImageReader

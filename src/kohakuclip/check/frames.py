@@ -16,6 +16,9 @@ from kohakuclip.read.plan import Skip
 from kohakuclip.read.pool import Pending
 from kohakuclip.read.reader import Batch, Reader
 
+__all__ = ["FrameDigests", "FrameReader", "consecutive", "strided"]
+
+
 CLIP = 8
 """Frames per clip."""
 IN_FLIGHT = 2

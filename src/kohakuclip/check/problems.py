@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = ["Problem", "VerifyReport", "capped", "without_where"]
+
 
 @dataclass(frozen=True)
 class Problem:

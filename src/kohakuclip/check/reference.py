@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 import av
 import numpy as np
 
+__all__ = ["ReferenceDecode", "Window", "plane_windows", "reference_decode", "window_digest"]
+
+
 Window = tuple[int, int, int, int]
 """x, y, w, h of the luma window (x and y even); chroma covers ceil(x/2) .. ceil((x+w)/2)."""
 

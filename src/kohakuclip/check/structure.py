@@ -23,6 +23,9 @@ from kohakuclip.storage.index import IndexFormatError, VideoIndex
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import ArchiveError, Member, list_zip
 
+__all__ = ["PER_CHECK", "archive_problems", "member_moov", "source_kind"]
+
+
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov")
 PER_CHECK = 10
 """Problems printed per check of one video before the rest are only counted."""

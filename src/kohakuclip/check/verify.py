@@ -19,6 +19,9 @@ from kohakuclip.read.reader import Reader, VideoInfo
 from kohakuclip.storage.video_catalog import Catalog
 from kohakuclip.storage.zip import Member
 
+__all__ = ["verify"]
+
+
 FAST_MODES: tuple[Skip, ...] = ("keep", True)
 """The skipping reads checked against the full decode (``skip=False``)."""
 

@@ -11,6 +11,16 @@ import struct
 
 from kohakuclip.errors import KohakuClipError
 
+__all__ = [
+    "AnnexBError",
+    "annexb_in_place",
+    "nal_length_size",
+    "nal_units",
+    "parameter_sets_annexb",
+    "to_annexb",
+]
+
+
 START_CODE = b"\x00\x00\x00\x01"
 _LENGTH = struct.Struct(">I")
 

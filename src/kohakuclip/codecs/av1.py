@@ -60,6 +60,7 @@ __all__ = [
     "closure",
     "feed_packets",
     "find_sequence_header",
+    "sample_rows",
 ]
 
 _SLOTS = tuple(tuple(s for s in range(NUM_REF_FRAMES) if mask >> s & 1) for mask in range(256))

@@ -15,6 +15,31 @@ from typing import NamedTuple
 
 from kohakuclip.errors import KohakuClipError
 
+__all__ = [
+    "ALL_SLOTS",
+    "INTER_FRAME",
+    "INTRA_ONLY_FRAME",
+    "KEY_FRAME",
+    "NUM_REF_FRAMES",
+    "OBU_FRAME",
+    "OBU_FRAME_HEADER",
+    "OBU_PADDING",
+    "OBU_REDUNDANT_FRAME_HEADER",
+    "OBU_SEQUENCE_HEADER",
+    "OBU_TEMPORAL_DELIMITER",
+    "OBU_TILE_GROUP",
+    "SWITCH_FRAME",
+    "Av1ParseError",
+    "FrameHeader",
+    "OperatingPoint",
+    "RefState",
+    "SequenceHeader",
+    "iter_obus",
+    "parse_frame_header",
+    "parse_sequence_header",
+    "set_frame_refs",
+]
+
 
 class Av1ParseError(KohakuClipError, ValueError):
     """AV1 data that does not parse: truncated or corrupt OBUs or headers."""

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from kohakuclip.codecs.annexb import nal_units
 
+__all__ = ["highest_temporal_id", "is_reference"]
+
+
 _H264_VCL = frozenset(range(1, 6))  # coded slices (5: IDR)
 _H264_PARAMETER_SETS = frozenset({7, 8, 13, 15})  # SPS, PPS, SPS extension, subset SPS
 _HEVC_SUB_LAYER_NON_REFERENCE = frozenset({0, 2, 4, 6, 8, 10, 12, 14})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from functools import cache
 
+__all__ = ["avcodec_found"]
+
 
 @cache
 def avcodec_found() -> bool:

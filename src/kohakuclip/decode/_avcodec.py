@@ -41,6 +41,38 @@ from numba import carray, types
 from kohakuclip.decode._dav1d import _voidptr
 from kohakuclip.errors import KohakuClipError
 
+__all__ = [
+    "AGAIN",
+    "CORRUPT",
+    "END",
+    "FORMAT",
+    "FULL_RANGE",
+    "GRAY",
+    "HEIGHT",
+    "OK",
+    "OTHER",
+    "PICTURE_FIELDS",
+    "PTS",
+    "U_ADDRESS",
+    "V_ADDRESS",
+    "WIDTH",
+    "Y_ADDRESS",
+    "Y_STRIDE",
+    "AvcodecDecoder",
+    "AvcodecError",
+    "Codec",
+    "annexb",
+    "decode_packets",
+    "error_text",
+    "flush",
+    "layout",
+    "library",
+    "receive_frame",
+    "send_packet",
+    "unref_frame",
+]
+
+
 # --- struct layouts (libavutil 60 / libavcodec 62, LP64 and LLP64) -------------------------
 # (libavutil, libavcodec) majors whose AVFrame / AVPacket put the fields below at these offsets
 _MAJORS = ((60, 62), (61, 63))

@@ -37,6 +37,17 @@ from kohakuclip.decode import _avcodec, _dav1d
 from kohakuclip.decode._dav1d import _voidptr
 from kohakuclip.decode._frame import MODES, frame_taps, write_frame
 
+__all__ = [
+    "MISSING_FRAME",
+    "OK",
+    "UNSUPPORTED_FORMAT",
+    "AvcodecClips",
+    "Dav1dClips",
+    "ShareTables",
+    "describe",
+]
+
+
 # clip table columns
 FD, GOP_FIRST, GOP_END, TARGET_FIRST, TARGET_END, SLOT = 0, 1, 2, 3, 4, 5
 CROP = 6  # x, y, w, h, hflip, vflip, chroma shift x, y: eight columns (``_frame.write_frame``)

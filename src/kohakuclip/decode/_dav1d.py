@@ -30,6 +30,9 @@ from numba.extending import intrinsic
 
 from kohakuclip.errors import KohakuClipError
 
+__all__ = ["Dav1dDecoder", "Dav1dError", "library"]
+
+
 # byte offsets of the fields used (dav1d 1.x, LP64 / LLP64 with 8-byte pointers)
 _SETTINGS_BYTES = 256  # Dav1dSettings is 96 bytes; room to spare
 _SETTINGS_THREADS, _SETTINGS_FRAME_DELAY, _SETTINGS_LOG_CALLBACK = 0, 4, 56

@@ -18,6 +18,9 @@ import numpy as np
 from kohakuclip.decode._planar_rgb import planar_rgb, planar_rgb_box2
 from kohakuclip.decode._resize import resize_window, taps
 
+__all__ = ["MODES", "frame_taps", "write_frame"]
+
+
 MODES = ("rgb", "yuv_resized", "yuv")
 RGB, YUV_RESIZED, YUV = 0, 1, 2
 

@@ -13,6 +13,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+__all__ = ["planar_rgb", "planar_rgb_box2"]
+
+
 Row = tuple[np.float32, np.float32, np.float32, np.float32]
 
 

@@ -36,6 +36,17 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+__all__ = [
+    "PRECISION_BITS",
+    "Resizer",
+    "resize",
+    "resize_taps",
+    "resize_window",
+    "taps",
+    "tmp_shape",
+]
+
+
 PRECISION_BITS = 22
 """Fraction bits of the fixed-point weights (Pillow's, for 8-bit images)."""
 

@@ -29,6 +29,17 @@ from kohakuclip.decode.video import padded_packet
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import COLOR_BT709, COLOR_FULL_RANGE
 
+__all__ = [
+    "JPEG_COLORSPACE",
+    "ImageDecodeError",
+    "ImageDecoder",
+    "dct_denominator",
+    "output_shape",
+    "scaled_window",
+    "sniff_codec",
+]
+
+
 JPEG_COLORSPACE = "bt601"
 """What RGB-decoded images report in the yuv modes, with full range: JPEG's own YCbCr."""
 
@@ -69,9 +80,17 @@ def dct_denominator(width: int, height: int, crop: Crop, side: int) -> int:
 def scaled_window(width: int, height: int, crop: Crop, d: int) -> tuple[int, int, int, int]:
     """The crop window (x, y, w, h) in a picture decoded at 1/``d`` of its stored size (the
     decoder rounds sizes up), at least one pixel wide."""
-    if d == 1:
+    return _window_at(width, height, crop, -(-width // d), -(-height // d))
+
+
+def _window_at(
+    width: int, height: int, crop: Crop, decoded_width: int, decoded_height: int
+) -> tuple[int, int, int, int]:
+    """The crop window (x, y, w, h) of a ``width`` x ``height`` picture in its decoded
+    ``decoded_width`` x ``decoded_height`` copy, at least one pixel wide."""
+    if (decoded_width, decoded_height) == (width, height):
         return crop.x, crop.y, crop.w, crop.h
-    sx, sy = -(-width // d) / width, -(-height // d) / height
+    sx, sy = decoded_width / width, decoded_height / height
     x0, y0 = round(crop.x * sx), round(crop.y * sy)
     x1 = max(round((crop.x + crop.w) * sx), x0 + 1)
     y1 = max(round((crop.y + crop.h) * sy), y0 + 1)
@@ -211,13 +230,8 @@ class ImageDecoder:
             full = self._decode_jpeg(data, width, height, crop, dct_scale)
         if full is None:
             full = _decode_with_pillow(data)
-        dh, dw = full.shape[:2]
-        if (dw, dh) == (width, height):
-            return full[crop.y : crop.y + crop.h, crop.x : crop.x + crop.w]
-        sx, sy = dw / width, dh / height
-        x0, x1 = round(crop.x * sx), max(round((crop.x + crop.w) * sx), round(crop.x * sx) + 1)
-        y0, y1 = round(crop.y * sy), max(round((crop.y + crop.h) * sy), round(crop.y * sy) + 1)
-        return full[y0:y1, x0:x1]
+        x, y, w, h = _window_at(width, height, crop, full.shape[1], full.shape[0])
+        return full[y : y + h, x : x + w]
 
     def _decode_jpeg(
         self, data: bytes, width: int, height: int, crop: Crop, dct_scale: bool

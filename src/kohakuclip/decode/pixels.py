@@ -15,6 +15,19 @@ from typing import Literal
 import cv2
 import numpy as np
 
+__all__ = [
+    "Crop",
+    "OutputMode",
+    "PixelWriter",
+    "Planes",
+    "frame_planes",
+    "square_crop",
+    "yuv420_frame_bytes",
+    "yuv420_planes",
+    "yuv_to_rgb_matrix",
+]
+
+
 OutputMode = Literal["rgb", "yuv_resized", "yuv"]
 
 # Parallelism comes from the decode pool, one frame per thread: OpenCV's own worker threads would

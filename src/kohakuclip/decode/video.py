@@ -25,6 +25,9 @@ from kohakuclip.errors import KohakuClipError
 from kohakuclip.plan_types import ClipPlan, GopRead
 from kohakuclip.tracks import VideoTrack
 
+__all__ = ["ClipDecodeError", "ClipDecoder", "padded_packet", "takes_dav1d"]
+
+
 ReadAt = Callable[[int, int], "bytes | memoryview"]  # (offset, length) -> bytes
 _DECODERS = {"av1": "libdav1d", "h264": "h264", "hevc": "hevc", "vp9": "vp9", "mpeg4": "mpeg4"}
 _PREFIXED = ("av1", "h264", "hevc")

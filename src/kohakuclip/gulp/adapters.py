@@ -21,6 +21,18 @@ from kohakuclip.gulp.frames import GulpError
 from kohakuclip.gulp.media import read_image, read_video_frames
 from kohakuclip.storage.folder import list_folder
 
+__all__ = [
+    "VIDEO_EXTENSIONS",
+    "AbstractDatasetAdapter",
+    "Custom20BNJsonVideoAdapter",
+    "ImageFolderAdapter",
+    "ImageListAdapter",
+    "JsonVideoAdapter",
+    "Label2Idx",
+    "load_label2idx",
+]
+
+
 VIDEO_EXTENSIONS = (".mp4", ".webm", ".mkv", ".avi", ".mov", ".m4v", ".mpg", ".mpeg", ".ogv")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 

@@ -23,6 +23,9 @@ from kohakuclip.gulp.frames import (
 )
 from kohakuclip.gulp.meta import MetaDict, dump_meta, frame_table, load_meta
 
+__all__ = ["ChunkBuilder", "GulpChunk", "split_key"]
+
+
 FrameSelection = slice | Sequence[int] | None
 """Which frames of a video: all (None), a slice, or a list of indices."""
 

@@ -16,7 +16,7 @@ import stat
 import sys
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ParamSpec
 
 from kohakuclip.gulp.adapters import (
     AbstractDatasetAdapter,
@@ -28,6 +28,18 @@ from kohakuclip.gulp.frames import JPEG_QUALITY, GulpError
 from kohakuclip.gulp.ingest import GulpIngestor
 from kohakuclip.gulp.sanity import check_gulp_directory
 
+__all__ = [
+    "adapter_main",
+    "image_folder_main",
+    "image_list_main",
+    "json_videos_main",
+    "register_adapter_main",
+    "sanity_check_main",
+    "script_name",
+]
+
+_P = ParamSpec("_P")
+
 
 def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
     """``--a_b`` and ``--a-b`` for the same option."""
@@ -35,14 +47,46 @@ def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
     parser.add_argument(*flags, dest=name, **kwargs)
 
 
-def _ingest_options(parser: argparse.ArgumentParser, per_chunk: str) -> None:
+def _ingest_options(parser: argparse.ArgumentParser, per_chunk: str, order: bool = True) -> None:
+    """The ingest options; ``order=False`` leaves out shuffle, seed and strict (an adapter
+    class's own parameters then)."""
     _option(parser, per_chunk, type=int, default=100, help="items per chunk (default 100)")
     _option(parser, "num_workers", type=int, default=4, help="processes (default 4)")
     _option(parser, "quality", type=int, default=JPEG_QUALITY, help="JPEG quality (default 90)")
-    _option(parser, "shuffle", action="store_true", help="shuffle the items (seeded) first")
-    _option(parser, "seed", type=int, default=0, help="shuffle seed (default 0)")
-    _option(parser, "strict", action="store_true", help="stop at an unreadable input")
+    if order:
+        _option(parser, "shuffle", action="store_true", help="shuffle the items (seeded) first")
+        _option(parser, "seed", type=int, default=0, help="shuffle seed (default 0)")
+        _option(parser, "strict", action="store_true", help="stop at an unreadable input")
     _option(parser, "quiet", action="store_true", help="no progress bar")
+
+
+def _ingest_parser(
+    prog: str, description: str, inputs: Sequence[str], per_chunk: str, size: str | None = None
+) -> argparse.ArgumentParser:
+    """A built-in adapter's command line: its inputs, the output directory, the ingest options,
+    the short side ``size`` (when given) and the label map."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    for name in (*inputs, "output_directory"):
+        parser.add_argument(name)
+    _ingest_options(parser, per_chunk)
+    if size is not None:
+        _option(parser, size, type=int, default=-1, help="short side (default -1: keep)")
+    _option(parser, "label2idx", default=None, help="JSON label map to use (dict or list)")
+    return parser
+
+
+def _duplicates_option(parser: argparse.ArgumentParser) -> None:
+    _option(parser, "remove_duplicate_ids", action="store_true", help="keep first of repeats")
+
+
+def _adapter_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keywords every built-in adapter takes from the ingest options."""
+    return {
+        "shuffle": args.shuffle,
+        "seed": args.seed,
+        "label2idx": args.label2idx,
+        "strict": args.strict,
+    }
 
 
 def _ingest(
@@ -59,15 +103,13 @@ def _ingest(
     return 0
 
 
-def _exits_on_gulp_error(
-    main: Callable[[Sequence[str] | None], int],
-) -> Callable[[Sequence[str] | None], int]:
+def _exits_on_gulp_error(main: Callable[_P, int]) -> Callable[_P, int]:
     """A GulpError ends the command with its message and exit status 1, not a traceback."""
 
     @functools.wraps(main)
-    def run(argv: Sequence[str] | None = None) -> int:
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> int:
         try:
-            return main(argv)
+            return main(*args, **kwargs)
         except GulpError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -78,32 +120,26 @@ def _exits_on_gulp_error(
 @_exits_on_gulp_error
 def json_videos_main(argv: Sequence[str] | None = None) -> int:
     """gulp_20bn_json_videos: videos listed in a 20BN-style JSON file."""
-    parser = argparse.ArgumentParser(
-        prog="gulp_20bn_json_videos",
-        description="Gulp the videos listed in a JSON file ([{'id': ..., 'label': ...}]), "
+    parser = _ingest_parser(
+        "gulp_20bn_json_videos",
+        "Gulp the videos listed in a JSON file ([{'id': ..., 'label': ...}]), "
         "found as <videos_dir>/<id>.<ext> or <videos_dir>/<id>/<one video>.",
+        ["input_json", "videos_directory"],
+        "videos_per_chunk",
+        "frame_size",
     )
-    parser.add_argument("input_json")
-    parser.add_argument("videos_directory")
-    parser.add_argument("output_directory")
-    _ingest_options(parser, "videos_per_chunk")
-    _option(parser, "frame_size", type=int, default=-1, help="short side (default -1: keep)")
     _option(parser, "frame_rate", type=float, default=8, help="fps (default 8; <= 0: all)")
     _option(parser, "label_name", default=None, help="label key (default template or label)")
-    _option(parser, "label2idx", default=None, help="JSON label map to use (dict or list)")
-    _option(parser, "remove_duplicate_ids", action="store_true", help="keep first of repeats")
+    _duplicates_option(parser)
     args = parser.parse_args(argv)
     adapter = JsonVideoAdapter(
         args.input_json,
         args.videos_directory,
-        shuffle=args.shuffle,
         frame_size=args.frame_size,
         frame_rate=args.frame_rate,
         label_name=args.label_name,
-        label2idx=args.label2idx,
         remove_duplicate_ids=args.remove_duplicate_ids,
-        seed=args.seed,
-        strict=args.strict,
+        **_adapter_options(args),
     )
     return _ingest(adapter, args.output_directory, args.videos_per_chunk, args)
 
@@ -111,22 +147,16 @@ def json_videos_main(argv: Sequence[str] | None = None) -> int:
 @_exits_on_gulp_error
 def image_folder_main(argv: Sequence[str] | None = None) -> int:
     """gulp_image_folder: images in <label>/ subfolders."""
-    parser = argparse.ArgumentParser(
-        prog="gulp_image_folder", description="Gulp images_directory/<label>/**/<image>."
+    parser = _ingest_parser(
+        "gulp_image_folder",
+        "Gulp images_directory/<label>/**/<image>.",
+        ["images_directory"],
+        "images_per_chunk",
+        "image_size",
     )
-    parser.add_argument("images_directory")
-    parser.add_argument("output_directory")
-    _ingest_options(parser, "images_per_chunk")
-    _option(parser, "image_size", type=int, default=-1, help="short side (default -1: keep)")
-    _option(parser, "label2idx", default=None, help="JSON label map to use (dict or list)")
     args = parser.parse_args(argv)
     adapter = ImageFolderAdapter(
-        args.images_directory,
-        image_size=args.image_size,
-        shuffle=args.shuffle,
-        seed=args.seed,
-        label2idx=args.label2idx,
-        strict=args.strict,
+        args.images_directory, image_size=args.image_size, **_adapter_options(args)
     )
     return _ingest(adapter, args.output_directory, args.images_per_chunk, args)
 
@@ -134,26 +164,22 @@ def image_folder_main(argv: Sequence[str] | None = None) -> int:
 @_exits_on_gulp_error
 def image_list_main(argv: Sequence[str] | None = None) -> int:
     """gulp_image_list: a text file of 'path, label' lines."""
-    parser = argparse.ArgumentParser(
-        prog="gulp_image_list", description="Gulp the images of a 'path, label' list."
+    parser = _ingest_parser(
+        "gulp_image_list",
+        "Gulp the images of a 'path, label' list.",
+        ["image_list_file"],
+        "images_per_chunk",
+        "image_size",
     )
-    parser.add_argument("image_list_file")
-    parser.add_argument("output_directory")
-    _ingest_options(parser, "images_per_chunk")
-    _option(parser, "image_size", type=int, default=-1, help="short side (default -1: keep)")
     _option(parser, "root_path", default="", help="folder the listed paths are relative to")
-    _option(parser, "label2idx", default=None, help="JSON label map to use (dict or list)")
-    _option(parser, "remove_duplicate_ids", action="store_true", help="keep first of repeats")
+    _duplicates_option(parser)
     args = parser.parse_args(argv)
     adapter = ImageListAdapter(
         args.image_list_file,
         root_folder=args.root_path,
         image_size=args.image_size,
-        shuffle=args.shuffle,
-        seed=args.seed,
-        label2idx=args.label2idx,
         remove_duplicate_ids=args.remove_duplicate_ids,
-        strict=args.strict,
+        **_adapter_options(args),
     )
     return _ingest(adapter, args.output_directory, args.images_per_chunk, args)
 
@@ -191,6 +217,7 @@ def _parameter_type(param: inspect.Parameter) -> Callable[[str], Any]:
     return str
 
 
+@_exits_on_gulp_error
 def adapter_main(adapter_cls: type, argv: Sequence[str] | None = None) -> int:
     """A command line built from an adapter class's ``__init__``: required parameters are
     positional, the others options (booleans as ``--name`` / ``--no-name``); then the output
@@ -215,19 +242,12 @@ def adapter_main(adapter_cls: type, argv: Sequence[str] | None = None) -> int:
         else:
             _option(parser, p.name, type=_parameter_type(p), default=p.default)
     parser.add_argument("output_directory")
-    _option(parser, "videos_per_chunk", type=int, default=100, help="items per chunk")
-    _option(parser, "num_workers", type=int, default=4, help="processes (default 4)")
-    _option(parser, "quality", type=int, default=JPEG_QUALITY, help="JPEG quality")
-    _option(parser, "quiet", action="store_true", help="no progress bar")
+    _ingest_options(parser, "videos_per_chunk", order=False)
     args = parser.parse_args(argv)
     kwargs = {p.name: getattr(args, p.name) for p in params}
     if "output_folder" in signature.parameters:
         kwargs["output_folder"] = args.output_directory
-    try:
-        return _ingest(adapter_cls(**kwargs), args.output_directory, args.videos_per_chunk, args)
-    except GulpError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    return _ingest(adapter_cls(**kwargs), args.output_directory, args.videos_per_chunk, args)
 
 
 def script_name(class_name: str) -> str:

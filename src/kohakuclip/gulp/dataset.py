@@ -20,6 +20,8 @@ from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.ingest import LABEL2IDX_FILE
 from kohakuclip.gulp.transforms import call_transform
 
+__all__ = ["GulpImageDataset", "GulpVideoDataset"]
+
 
 class _GulpDataset:
     """Shared part: the index, the targets, the per-item generator."""

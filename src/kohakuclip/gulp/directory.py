@@ -14,6 +14,8 @@ from kohakuclip.gulp.frames import GulpError
 from kohakuclip.gulp.index import GulpIndex
 from kohakuclip.gulp.meta import chunk_paths, find_chunks, next_chunk_number
 
+__all__ = ["GulpDirectory"]
+
 
 class GulpDirectory:
     """Every chunk of a directory (sorted by chunk number), loaded on construction.

@@ -18,6 +18,18 @@ from PIL import Image
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import GULP_ALIGNMENT
 
+__all__ = [
+    "JPEG_QUALITY",
+    "GulpError",
+    "RecordError",
+    "decode_frame",
+    "decode_stack",
+    "encode_frame",
+    "padding_for",
+    "read_records",
+]
+
+
 JPEG_QUALITY = 90
 """Default encode quality, as GulpIO used."""
 

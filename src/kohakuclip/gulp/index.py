@@ -28,6 +28,9 @@ from kohakuclip.gulp.frames import (
 )
 from kohakuclip.gulp.meta import ChunkFiles, MetaDict, find_chunks, frame_table, load_meta
 
+__all__ = ["GulpIndex", "open_gulp_source", "open_remote_gulp"]
+
+
 ReadAt = Callable[[str, int, int], bytes]  # (path, offset, length) -> bytes
 
 FPS_KEYS = ("fps", "frame_rate")

@@ -27,6 +27,15 @@ from kohakuclip.gulp.meta import (
     write_json,
 )
 
+__all__ = [
+    "LABEL2IDX_FILE",
+    "ChunkWriter",
+    "GulpIngestor",
+    "IngestReport",
+    "calculate_chunk_slices",
+]
+
+
 LABEL2IDX_FILE = "label2idx.json"
 """Label name -> class index, kept beside the chunks (GulpIO's convention)."""
 

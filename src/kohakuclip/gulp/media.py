@@ -18,6 +18,8 @@ from PIL import Image, ImageOps
 
 from kohakuclip.gulp.frames import GulpError
 
+__all__ = ["read_image", "read_video_frames"]
+
 
 def resize_short_side(image: np.ndarray, size: int) -> np.ndarray:
     """Resize so the short side is ``size`` (area filter when shrinking); ``size <= 0`` keeps it."""

@@ -17,6 +17,21 @@ import numpy as np
 from kohakuclip.formats import GULP_ALIGNMENT, GULP_DATA_PATTERN, GULP_META_PATTERN
 from kohakuclip.gulp.frames import GulpError
 
+__all__ = [
+    "ChunkFiles",
+    "MetaDict",
+    "chunk_paths",
+    "dump_meta",
+    "find_chunks",
+    "frame_table",
+    "is_gulp_directory",
+    "load_meta",
+    "next_chunk_number",
+    "scan_directory",
+    "write_json",
+]
+
+
 _DATA_NAME = re.compile(r"^data_(\d+)\.gulp$")
 _META_NAME = re.compile(r"^meta_(\d+)\.gmeta$")
 

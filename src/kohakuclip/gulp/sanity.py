@@ -15,6 +15,8 @@ import numpy as np
 from kohakuclip.gulp.frames import GulpError
 from kohakuclip.gulp.meta import frame_table, load_meta, scan_directory
 
+__all__ = ["SanityReport", "check_gulp_directory"]
+
 
 @dataclass
 class SanityReport:

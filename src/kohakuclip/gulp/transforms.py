@@ -16,6 +16,23 @@ from typing import Any
 import cv2
 import numpy as np
 
+__all__ = [
+    "CenterCrop",
+    "Compose",
+    "ComposeVideo",
+    "JitterCrop",
+    "JitterCropVideo",
+    "Normalize",
+    "RandHorFlipVideo",
+    "RandVerFlipVideo",
+    "RandomCrop",
+    "RandomCropVideo",
+    "Scale",
+    "UnitNorm",
+    "call_transform",
+]
+
+
 Size = int | tuple[int, int]
 Clip = list[np.ndarray] | np.ndarray
 

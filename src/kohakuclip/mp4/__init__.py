@@ -6,3 +6,5 @@
 - ``mp4.edits``: edit lists, applied as FFmpeg applies them;
 - ``mp4.boxes``: box framing and ``Mp4Error``.
 """
+
+__all__: list[str] = []

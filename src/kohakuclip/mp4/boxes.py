@@ -12,6 +12,9 @@ from typing import NamedTuple
 
 from kohakuclip.errors import KohakuClipError
 
+__all__ = ["Box", "Mp4Error", "ReadAt", "box_header", "children", "iter_boxes", "top_level_boxes"]
+
+
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 

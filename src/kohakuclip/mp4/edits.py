@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+__all__ = ["Edit", "apply_edits"]
+
 
 class Edit(NamedTuple):
     """One ``elst`` entry: ``duration`` in the movie timescale, ``media_time`` in the media's."""

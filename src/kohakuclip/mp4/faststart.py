@@ -14,6 +14,9 @@ import numpy as np
 
 from kohakuclip.mp4.boxes import Box, Mp4Error, iter_boxes
 
+__all__ = ["faststart"]
+
+
 _PATH_TO_STBL = {b"moov", b"trak", b"mdia", b"minf", b"stbl"}
 """Containers on the way to the chunk offset tables: rebuilt; every other box is copied."""
 

@@ -29,6 +29,9 @@ import numpy as np
 
 from kohakuclip.mp4.boxes import Box, Mp4Error, ReadAt, box_header, iter_boxes
 
+__all__ = ["FragmentSamples", "fragment_samples", "track_defaults"]
+
+
 _WINDOW = 4096
 """Bytes read at a time while walking the fragments."""
 

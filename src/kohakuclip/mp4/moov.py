@@ -25,6 +25,9 @@ from kohakuclip.mp4.boxes import Box, Mp4Error, ReadAt, children, iter_boxes, to
 from kohakuclip.mp4.edits import Edit, apply_edits
 from kohakuclip.mp4.fragments import FragmentSamples, fragment_samples, track_defaults
 
+__all__ = ["Mp4Track", "UnsupportedVideo", "parse_mp4", "parse_mp4_bytes", "parse_mp4_file"]
+
+
 Mp4Codec = Literal["av1", "h264", "hevc", "vp9", "mpeg4"]
 """Video codecs kohakuclip reads from mp4 (vp9 and mpeg4 only through PyAV)."""
 

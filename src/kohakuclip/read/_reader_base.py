@@ -20,6 +20,9 @@ from kohakuclip.read.pool import OwnedPool, Pending, Task, ThreadPool
 from kohakuclip.read.seeding import per_item_keys
 from kohakuclip.storage.files import FileCache
 
+__all__ = ["ReaderBase", "Sources", "renamed", "warn_renamed"]
+
+
 ItemT = TypeVar("ItemT")
 BatchT = TypeVar("BatchT")
 _R = TypeVar("_R", bound="ReaderBase[Any, Any]")
@@ -154,6 +157,30 @@ class ReaderBase(ABC, Generic[ItemT, BatchT]):
         self, batch: BatchT, shares: list[list[int]], seed: int, files: FileCache
     ) -> list[Task]:
         """One task per share of ``batch`` (item positions), run on a pool thread."""
+
+    def _finish_share(
+        self,
+        batch: BatchT,
+        later: list[int],
+        read_one: Callable[[int], None],
+        errors: dict[int, BaseException],
+    ) -> None:
+        """The end of a share task: ``read_one`` each item the compiled path left (``later``),
+        then raise the first failing item's error (``errors``: position -> error), once the
+        others are written."""
+        for i in later:
+            try:
+                read_one(i)
+            except Exception as e:
+                errors[i] = e
+        if errors:
+            first = min(errors)
+            error = errors[first]
+            raise self._item_error(batch, first, error) from error
+
+    @abstractmethod
+    def _item_error(self, batch: BatchT, i: int, error: BaseException) -> Exception:
+        """The error a failed item ``i`` of ``batch`` raises: it names the item."""
 
     @abstractmethod
     def submit(

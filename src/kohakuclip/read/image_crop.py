@@ -11,6 +11,8 @@ import numpy as np
 
 from kohakuclip.decode.pixels import Crop, square_crop
 
+__all__ = ["image_crop"]
+
 
 def resized_crop(
     width: int,

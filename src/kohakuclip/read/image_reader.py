@@ -37,6 +37,9 @@ from kohakuclip.storage.remote import ObjectStoreError
 if TYPE_CHECKING:
     from kohakuclip.decode._clips import AvcodecClips, ShareTables
 
+__all__ = ["ImageBatch", "ImageInfo", "ImageReadError", "ImageReader"]
+
+
 ImageCropMode = Literal["random", "center", "resized"]
 
 
@@ -337,18 +340,15 @@ class ImageReader(ReaderBase[int, ImageBatch]):
                             later.append(i)
                         elif code != _clips.OK:
                             errors[i] = ImageReadError(_clips.describe(code, detail))
-            for i in later:
-                try:
-                    self._read_one(worker.decoder, batch, i, seed, files)
-                except Exception as e:
-                    errors[i] = e
-            if errors:
-                first = min(errors)
-                loc = self._catalog.locate(batch.items[first])
-                error = errors[first]
-                raise ImageReadError(f"{self._where(batch.items[first], loc)}: {error}") from error
+            read_one = partial(self._read_one, worker.decoder, batch, seed=seed, files=files)
+            self._finish_share(batch, later, read_one, errors)
 
         return run
+
+    def _item_error(self, batch: ImageBatch, i: int, error: BaseException) -> Exception:
+        image_id = batch.items[i]
+        where = self._where(image_id, self._catalog.locate(image_id))
+        return ImageReadError(f"{where}: {error}")
 
     def _geometry(
         self, batch: ImageBatch, i: int, seed: int, width: int, height: int

@@ -14,6 +14,9 @@ import numpy as np
 
 from kohakuclip.read.seeding import mix64, seed_sequence
 
+__all__ = ["permute"]
+
+
 _ROUNDS = 6
 _MAX_N = 1 << 62
 

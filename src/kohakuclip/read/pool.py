@@ -27,6 +27,9 @@ import numpy as np
 
 from kohakuclip.errors import KohakuClipError
 
+__all__ = ["OwnedPool", "Pending", "PoolClosedError", "Task", "ThreadPool", "batch_buffer"]
+
+
 T = TypeVar("T")
 Task = Callable[[Any], None]
 

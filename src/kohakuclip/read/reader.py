@@ -34,6 +34,9 @@ from kohakuclip.tracks import VideoTrack
 if TYPE_CHECKING:
     from kohakuclip.decode._clips import ShareTables
 
+__all__ = ["Batch", "ClipError", "Reader", "VideoInfo"]
+
+
 CropMode = Literal["random", "center"]
 Item = tuple[int, Sequence[int]]
 
@@ -424,18 +427,14 @@ class Reader(ReaderBase[Item, Batch]):
                             later.append(i)  # PyAV, from earlier keyframes if need be
                         elif code != _clips.OK:
                             errors[i] = ClipError(_clips.describe(code, detail))
-            for i in later:
-                try:
-                    self._read_clip(worker, batch, i, seed, files)
-                except Exception as e:
-                    errors[i] = e
-            if errors:
-                first = min(errors)
-                vid, frames = batch.items[first]
-                error = errors[first]
-                raise ClipError(f"{self._catalog.where(vid)}: frames {frames}: {error}") from error
+            read_one = partial(self._read_clip, worker, batch, seed=seed, files=files)
+            self._finish_share(batch, later, read_one, errors)
 
         return run
+
+    def _item_error(self, batch: Batch, i: int, error: BaseException) -> Exception:
+        vid, frames = batch.items[i]
+        return ClipError(f"{self._catalog.where(vid)}: frames {frames}: {error}")
 
     def _add_clip(
         self,

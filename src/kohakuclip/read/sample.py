@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["clip", "random_frames"]
+
 
 def clip(
     n_video_frames: int,

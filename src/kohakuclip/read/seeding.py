@@ -11,6 +11,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
+__all__ = [
+    "derive_seed",
+    "generator",
+    "hashes",
+    "mix64",
+    "per_item_keys",
+    "seed_sequence",
+    "uniforms",
+]
+
+
 _WORD = (1 << 32) - 1
 
 

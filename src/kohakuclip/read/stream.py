@@ -27,6 +27,9 @@ import numpy as np
 from kohakuclip.read.permute import permute
 from kohakuclip.read.seeding import derive_seed, generator, hashes, uniforms
 
+__all__ = ["Draw", "SampleStream", "mixture", "sample_key", "sample_keys", "sample_rng"]
+
+
 Spec = Any
 """What a reader takes as sources: one path, or a sequence of paths."""
 

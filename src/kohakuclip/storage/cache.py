@@ -17,6 +17,9 @@ import os
 import tempfile
 import threading
 
+__all__ = ["BlockCache"]
+
+
 SUFFIX = ".kcblock"
 
 

@@ -8,6 +8,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+__all__ = ["FileCache"]
+
 
 class FileCache:
     """Keeps at most ``limit`` descriptors open (least recently used closed first); a descriptor

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+__all__ = ["list_folder"]
+
 
 def list_folder(path: str | os.PathLike[str], suffixes: Iterable[str]) -> list[str]:
     """Paths (relative to ``path``, '/'-separated, sorted) of files whose suffix is wanted."""

@@ -29,6 +29,8 @@ from kohakuclip.storage.image_resolve import (
 )
 from kohakuclip.storage.ranged import Objects
 
+__all__ = ["ImageCatalog"]
+
 
 class ImageCatalog:
     """Image ids ``0 .. len-1`` over the sources, in source order.

@@ -25,6 +25,15 @@ from kohakuclip.formats import (
 from kohakuclip.storage.ranged import RangedFile, open_local
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
 
+__all__ = [
+    "encode_image_index",
+    "find_image_index",
+    "image_records",
+    "load_image_index",
+    "map_image_index",
+    "member_names",
+]
+
 
 def image_records(n: int) -> np.ndarray:
     """A zeroed table of ``n`` IMAGE_RECORDs to fill in."""

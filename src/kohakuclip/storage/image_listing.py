@@ -37,6 +37,8 @@ from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.view import ViewError, has_view, load_view, parse_view
 from kohakuclip.storage.zip import ArchiveError, Member, list_zip
 
+__all__ = ["ImageSource", "ImageSourceError", "list_image_sources"]
+
 
 class ImageSourceError(KohakuClipError, ValueError):
     """A source that cannot be opened, or an image in it that cannot be located."""

@@ -16,6 +16,9 @@ import pyarrow.compute as pc
 
 from kohakuclip.storage.manifest import Fetch, read_manifest, shard_location
 
+__all__ = ["ImageManifest"]
+
+
 _COLUMNS = ["shard", "index", "key", "caption", "meta"]
 
 

@@ -26,6 +26,15 @@ from kohakuclip.storage.ranged import Objects
 from kohakuclip.storage.remote import ObjectStoreError, RemoteObject
 from kohakuclip.storage.zip import ArchiveError
 
+__all__ = [
+    "ImageLocation",
+    "gulp_frame",
+    "gulp_where",
+    "index_records",
+    "read_image",
+    "resolve_image",
+]
+
 
 @dataclass(frozen=True)
 class ImageLocation:

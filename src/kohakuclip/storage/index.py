@@ -18,13 +18,7 @@ from kohakuclip.formats import (
     encode_index,
 )
 
-__all__ = [
-    "IndexFormatError",
-    "VideoIndex",
-    "decode_index",
-    "encode_index",
-    "video_entries",
-]
+__all__ = ["IndexFormatError", "VideoIndex", "decode_index", "encode_index", "video_entries"]
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,9 @@ import pyarrow.parquet as pq
 from kohakuclip.formats import MANIFEST_FILE, manifest_columns, manifest_table
 from kohakuclip.storage.remote import is_url
 
+__all__ = ["Fetch", "VideoManifests", "read_manifest", "shard_location"]
+
+
 Fetch = Callable[[str], "bytes | None"]
 """Reads a whole remote object by URL; None when there is no such object."""
 

@@ -32,6 +32,9 @@ from kohakuclip.storage.remote import (
 )
 from kohakuclip.storage.view import ViewError, parse_view
 
+__all__ = ["list_prefix"]
+
+
 Listing = list[tuple[str, dict[str, Any]]]
 
 

@@ -23,6 +23,8 @@ from kohakuclip.storage.remote import (
     open_object,
 )
 
+__all__ = ["Objects", "RangedFile", "open_local"]
+
 
 class RangedFile(Protocol):
     """What parsers read: a name for messages, a size, and reads at an offset."""

@@ -28,6 +28,24 @@ import numpy as np
 
 from kohakuclip.errors import KohakuClipError
 
+__all__ = [
+    "MissingObjectError",
+    "ObjectStoreError",
+    "RemoteObject",
+    "describe_error",
+    "fetch_ranges",
+    "gather_into",
+    "head_objects",
+    "is_url",
+    "list_objects",
+    "local_path",
+    "open_object",
+    "request_counts",
+    "store_for",
+    "suffix_of",
+]
+
+
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "adl", "azure", "http", "https")
 # What a failing request is retried with before it becomes an error (obstore's retry layer).
 RETRY: dict[str, Any] = {

@@ -15,6 +15,9 @@ from typing import BinaryIO
 from kohakuclip.storage.ranged import RangedFile
 from kohakuclip.storage.zip import ArchiveError, Member
 
+__all__ = ["TarWriter", "find_tar_last_member", "list_tar"]
+
+
 _BLOCK = tarfile.BLOCKSIZE
 _TAIL = 1 << 16  # the first tail read; doubled until the last header is in it
 

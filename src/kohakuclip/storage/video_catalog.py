@@ -22,6 +22,8 @@ from kohakuclip.storage.video_listing import list_video_sources
 from kohakuclip.storage.video_resolve import resolve_video
 from kohakuclip.tracks import VideoTrack
 
+__all__ = ["Catalog"]
+
 
 class Catalog:
     """The videos of many sources, with an LRU of resolved frame tables.

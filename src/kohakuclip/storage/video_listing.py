@@ -46,6 +46,16 @@ from kohakuclip.storage.tar import find_tar_last_member, list_tar
 from kohakuclip.storage.view import ViewError, has_view, load_view, parse_view
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
 
+__all__ = [
+    "SourceError",
+    "VideoRef",
+    "VideoSource",
+    "archive_members",
+    "index_layout",
+    "list_video_sources",
+]
+
+
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov")
 
 

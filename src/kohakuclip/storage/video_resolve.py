@@ -29,6 +29,8 @@ from kohakuclip.storage.video_listing import SourceError, VideoRef, VideoSource,
 from kohakuclip.storage.zip import ArchiveError, find_zip_member
 from kohakuclip.tracks import VideoTrack
 
+__all__ = ["resolve_video"]
+
 
 def resolve_video(
     objects: Objects,

@@ -12,6 +12,18 @@ from typing import Any, Literal
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import DATASET_FILE, DATASET_FORMAT, MANIFEST_FILE
 
+__all__ = [
+    "DatasetView",
+    "ShardListing",
+    "ViewError",
+    "ViewKind",
+    "dump_view",
+    "has_view",
+    "load_view",
+    "parse_view",
+]
+
+
 ViewKind = Literal["video", "image"]
 
 

@@ -13,6 +13,9 @@ from typing import BinaryIO
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.storage.ranged import RangedFile, open_local
 
+__all__ = ["ArchiveError", "Member", "ZipWriter", "find_zip_member", "list_zip"]
+
+
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _EOCD = struct.Struct("<4sHHHHIIH")
 _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")

@@ -9,10 +9,12 @@ from collections.abc import Sequence
 
 from kohakuclip.formats import SKIPPED_FILE
 from kohakuclip.write.merge import MergeError
-from kohakuclip.write.parts import OutputNames, Part
+from kohakuclip.write.parts import OutputNames, Part, part_argument
 from kohakuclip.write.settings import DEFAULT_CRF, DEFAULT_PRESET, ENCODERS
 from kohakuclip.write.shards import WriteError, write_videos
-from kohakuclip.write.upload import run_staged
+from kohakuclip.write.upload import output_arguments, staged_main
+
+__all__ = ["main"]
 
 
 def _preset(value: str) -> int | str:
@@ -25,17 +27,7 @@ def parser() -> argparse.ArgumentParser:
         description="Re-encode videos (files, folders, tar archives, GulpIO directories) into "
         "zip or tar shards with a frame index, a manifest.parquet and an encoding.json.",
     )
-    p.add_argument(
-        "out",
-        help="output folder, or a URL prefix (s3://bucket/prefix/ ...: built in --staging, "
-        "then uploaded)",
-    )
-    p.add_argument(
-        "--staging",
-        default=None,
-        help="local folder a URL output is built in (kept: --resume reuses it and uploads "
-        "only what the bucket lacks; default: a temporary folder)",
-    )
+    output_arguments(p)
     p.add_argument(
         "sources",
         nargs="+",
@@ -83,14 +75,7 @@ def parser() -> argparse.ArgumentParser:
         "else 12); gulp videos are always encoded in process",
     )
     p.add_argument("--resume", action="store_true", help="continue an earlier run (or part) in OUT")
-    p.add_argument(
-        "--part",
-        default=None,
-        metavar="I/N",
-        help="write only part I of N (0 <= I < N) of the sorted sources, beside the other "
-        "parts in OUT (Slurm: $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT); then "
-        "`kohakuclip merge OUT`",
-    )
+    part_argument(p, "write", "sources")
     p.add_argument(
         "--ray",
         action="store_true",
@@ -107,8 +92,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    return run_staged(args.out, args.staging, lambda out: _write(args, out), "kohakuclip-write")
+    return staged_main(parser(), _write, argv)
 
 
 def _write(args: argparse.Namespace, out: str) -> int:

@@ -27,6 +27,9 @@ from kohakuclip.write.video import (
     source_name,
 )
 
+__all__ = ["FFMPEG_ENV", "encode_video_ffmpeg"]
+
+
 FFMPEG_ENV = "KOHAKUCLIP_FFMPEG"
 
 
@@ -111,14 +114,4 @@ def encode_video_ffmpeg(
         frames = parse_mp4_bytes(data, 0, name).n
     except ValueError as e:
         raise EncodeError(f"{name}: ffmpeg wrote an unreadable mp4 ({e})") from None
-    layout = probe.layout
-    return EncodedVideo(
-        data=data,
-        frames=frames,
-        fps=float(probe.rate),
-        width=layout.width,
-        height=layout.height,
-        colorspace=layout.colour.stored,
-        source_width=probe.width,
-        source_height=probe.height,
-    )
+    return EncodedVideo.of(probe, data, frames)

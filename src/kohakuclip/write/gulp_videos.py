@@ -26,6 +26,9 @@ from kohakuclip.write.layout import Colour, Orientation, plan_layout
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.video import EncodedVideo, SourceProbe, encode_frames
 
+__all__ = ["DEFAULT_GULP_FPS", "GulpVideo", "encode_gulp_video", "list_gulp_videos"]
+
+
 DEFAULT_GULP_FPS = 12.0
 """Frame rate of gulp videos whose meta_data records none (GulpIO's ingestors stored none)."""
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 from kohakuclip.write.image_codecs import JPEG_ENCODERS, STORAGE_CODECS
 from kohakuclip.write.image_sources import ImageInputError
 from kohakuclip.write.images import write_images
-from kohakuclip.write.upload import run_staged
+from kohakuclip.write.parts import part_argument
+from kohakuclip.write.upload import output_arguments, staged_main
+
+__all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -18,17 +22,7 @@ def _parser() -> argparse.ArgumentParser:
         "WebDataset tars, zip archives) as zip shards with a KCIMG1 index, plus "
         "manifest.parquet, skipped.jsonl and encoding.json.",
     )
-    p.add_argument(
-        "out",
-        help="output directory, or a URL prefix (s3://bucket/prefix/ ...: built in --staging, "
-        "then uploaded)",
-    )
-    p.add_argument(
-        "--staging",
-        default=None,
-        help="local folder a URL output is built in (kept: --resume reuses it and uploads "
-        "only what the bucket lacks; default: a temporary folder)",
-    )
+    output_arguments(p)
     p.add_argument("sources", nargs="+", help="image files, folders, .tar or .zip archives")
     p.add_argument("--quality", type=int, default=70, help="0-100 (default 70)")
     p.add_argument("--max-short", type=int, default=512, help="cap of the short side (0: none)")
@@ -46,23 +40,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--backend", choices=("native", "pillow"), default="native")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--part",
-        default=None,
-        metavar="I/N",
-        help="store only part I of N (0 <= I < N) of the sorted images, beside the other parts "
-        "in OUT (Slurm: $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT); then `kohakuclip merge OUT`",
-    )
+    part_argument(p, "store", "images")
     p.add_argument(
         "--resume", action="store_true", help="keep a run (part) that finished earlier in OUT"
     )
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    prog = "kohakuclip-write-images"
-    return run_staged(args.out, args.staging, lambda out: _write(args, out), prog)
+def main(argv: Sequence[str] | None = None) -> int:
+    return staged_main(_parser(), _write, argv)
 
 
 def _write(args: argparse.Namespace, out: str) -> int:

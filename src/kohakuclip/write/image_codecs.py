@@ -29,6 +29,16 @@ from PIL import Image
 
 from kohakuclip.formats import COLOR_FULL_RANGE, COLOR_GRAY, COLOR_RGB
 
+__all__ = [
+    "JPEG_ENCODERS",
+    "STORAGE_CODECS",
+    "Encoded",
+    "check_codec",
+    "encode_pixels",
+    "quality_table",
+]
+
+
 StorageCodec = Literal["jpeg", "avif", "jxl", "webp"]
 JpegEncoder = Literal["tuned", "turbo", "jpegli"]
 

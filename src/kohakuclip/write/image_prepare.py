@@ -22,6 +22,9 @@ from PIL import Image
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.imaging import flatten
 
+__all__ = ["Backend", "ImageSkip", "prepare"]
+
+
 Backend = Literal["native", "pillow"]
 
 _ORIENTATION_TAG = 0x0112

@@ -19,6 +19,9 @@ from kohakuclip.storage.folder import list_folder
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import ArchiveError, Member, list_zip
 
+__all__ = ["ImageInputError", "SourceImage", "iter_sources"]
+
+
 _CAPTION_SUFFIX = ".txt"
 _META_SUFFIX = ".json"
 

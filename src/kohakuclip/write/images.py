@@ -41,6 +41,9 @@ from kohakuclip.write.image_prepare import Backend, ImageSkip, prepare
 from kohakuclip.write.image_sources import SourceImage, iter_sources
 from kohakuclip.write.parts import OutputNames, Part
 
+__all__ = ["EncodedImage", "WriteSummary", "encode_image", "pack_images", "write_images"]
+
+
 _PARTIAL = ".partial"
 
 

@@ -14,6 +14,18 @@ from fractions import Fraction
 
 from kohakuclip.formats import Colorspace
 
+__all__ = [
+    "Colour",
+    "Layout",
+    "Orientation",
+    "choose_colour",
+    "display_matrix_orientation",
+    "is_hd",
+    "plan_layout",
+    "stored_size",
+]
+
+
 # FFmpeg's AVColorSpace values (frame.colorspace) and the names the scale filter knows them by.
 _MATRIX_NAMES = {1: "bt709", 4: "fcc", 5: "bt470bg", 6: "smpte170m", 7: "smpte240m", 9: "bt2020"}
 _BT709, _SMPTE170M = 1, 6

@@ -44,6 +44,9 @@ from kohakuclip.storage.zip import ArchiveError
 from kohakuclip.write.pack import TEMP_SUFFIX
 from kohakuclip.write.parts import OutputNames, Part
 
+__all__ = ["MergeError", "MergeResult", "merge"]
+
+
 _PART_MANIFEST_RE = re.compile(r"^part-(\d+)-of-(\d+)\." + re.escape(MANIFEST_FILE) + "$")
 
 

@@ -33,6 +33,9 @@ from kohakuclip.storage.tar import TarWriter
 from kohakuclip.storage.zip import ZipWriter
 from kohakuclip.write.layout import is_hd
 
+__all__ = ["TEMP_SUFFIX", "Container", "PackError", "ShardWriter", "pack"]
+
+
 Container = Literal["zip", "tar"]
 TEMP_SUFFIX = ".tmp"
 """Suffix of a shard being written; renamed away when the shard is complete."""

@@ -11,12 +11,16 @@ all of them.
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from kohakuclip.formats import MANIFEST_FILE, PART_PREFIX, SKIPPED_FILE
+
+__all__ = ["OutputNames", "Part", "part_argument"]
+
 
 T = TypeVar("T")
 
@@ -96,3 +100,15 @@ class OutputNames:
     def owns(self, name: str) -> bool:
         """Whether ``name`` is one of this run's files (shard, manifest, skip log)."""
         return bool(self.shard_pattern().match(name)) or name in (self.manifest, self.skipped)
+
+
+def part_argument(parser: argparse.ArgumentParser, verb: str, items: str) -> None:
+    """A writer CLI's ``--part I/N``: ``verb`` only that part of the sorted ``items``."""
+    parser.add_argument(
+        "--part",
+        default=None,
+        metavar="I/N",
+        help=f"{verb} only part I of N (0 <= I < N) of the sorted {items}, beside the other "
+        "parts in OUT (Slurm: $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT); then "
+        "`kohakuclip merge OUT`",
+    )

@@ -28,6 +28,9 @@ from kohakuclip.write.sources import Source, expand_sources
 if TYPE_CHECKING:
     from kohakuclip.write.shards import WriteResult, _Job
 
+__all__ = ["write_on_ray"]
+
+
 TASK_RETRIES = 3
 """How many times a failed part is run again (each retry resumes it)."""
 

@@ -9,6 +9,8 @@ from fractions import Fraction
 import av
 import numpy as np
 
+__all__ = ["make_sample_video"]
+
 
 def sample_frame(index: int, width: int, height: int, seed: int) -> np.ndarray:
     """Frame ``index`` (uint8 HxWx3 RGB) of sample video ``seed``: every frame differs."""

@@ -8,6 +8,9 @@ from typing import Any
 
 from kohakuclip.formats import VideoCodec
 
+__all__ = ["DEFAULT_CRF", "DEFAULT_PRESET", "ENCODERS", "EncodeSettings"]
+
+
 # SVT-AV1 prints its configuration banner per encoder unless told otherwise (errors only); the
 # variable also reaches ffmpeg subprocesses.
 os.environ.setdefault("SVT_LOG", "1")

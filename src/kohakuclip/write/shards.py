@@ -41,6 +41,9 @@ from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.sources import Source, expand_sources
 from kohakuclip.write.video import EncodedVideo, EncodeError, encode_video
 
+__all__ = ["PARTS_DIR", "WriteError", "WriteResult", "write_videos"]
+
+
 Backend = Literal["native", "ffmpeg"]
 Encoder = Callable[[str | bytes, EncodeSettings, str], EncodedVideo]
 

@@ -22,6 +22,9 @@ from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import ArchiveError, Member
 from kohakuclip.write.gulp_videos import GulpVideo, list_gulp_videos
 
+__all__ = ["Source", "expand_sources"]
+
+
 VIDEO_SUFFIXES = (
     ".mp4",
     ".m4v",

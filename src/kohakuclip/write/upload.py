@@ -10,11 +10,12 @@ same size.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,9 @@ from kohakuclip.storage.remote import (
     list_objects,
     store_for,
 )
+
+__all__ = ["output_arguments", "run_staged", "staged_main"]
+
 
 SHARD_SUFFIXES = (".zip", ".tar")
 
@@ -87,6 +91,31 @@ def staged(out: str, staging: str | None = None) -> Iterator[Staging]:
     finally:
         if staging is None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def output_arguments(parser: argparse.ArgumentParser) -> None:
+    """A writer CLI's ``out`` (a folder or a URL prefix) and ``--staging``."""
+    parser.add_argument(
+        "out",
+        help="output folder, or a URL prefix (s3://bucket/prefix/ ...: built in --staging, "
+        "then uploaded)",
+    )
+    parser.add_argument(
+        "--staging",
+        default=None,
+        help="local folder a URL output is built in (kept: --resume reuses it and uploads "
+        "only what the bucket lacks; default: a temporary folder)",
+    )
+
+
+def staged_main(
+    parser: argparse.ArgumentParser,
+    write: Callable[[argparse.Namespace, str], int],
+    argv: Sequence[str] | None,
+) -> int:
+    """A writer CLI (``output_arguments`` in its parser): ``write(args, folder)``, staged."""
+    args = parser.parse_args(argv)
+    return run_staged(args.out, args.staging, lambda out: write(args, out), parser.prog)
 
 
 def run_staged(out: str, staging: str | None, write: Callable[[str], int], prog: str) -> int:

@@ -31,6 +31,20 @@ from kohakuclip.write.layout import (
 )
 from kohakuclip.write.settings import EncodeSettings
 
+__all__ = [
+    "EncodeError",
+    "EncodedVideo",
+    "SourceInput",
+    "SourceProbe",
+    "encode",
+    "encode_frames",
+    "encode_video",
+    "open_source",
+    "probe_frame",
+    "source_name",
+]
+
+
 SourceInput = str | os.PathLike[str] | bytes | bytearray | memoryview
 
 
@@ -54,6 +68,21 @@ class EncodedVideo:
     @property
     def duration(self) -> float:
         return self.frames / self.fps
+
+    @classmethod
+    def of(cls, probe: SourceProbe, data: bytes, frames: int) -> EncodedVideo:
+        """``frames`` frames of ``probe``'s source, stored as ``data`` in its layout."""
+        layout = probe.layout
+        return cls(
+            data=data,
+            frames=frames,
+            fps=float(probe.rate),
+            width=layout.width,
+            height=layout.height,
+            colorspace=layout.colour.stored,
+            source_width=probe.width,
+            source_height=probe.height,
+        )
 
 
 @dataclass(frozen=True)
@@ -240,17 +269,7 @@ def encode_frames(
     finally:
         if not finished:
             _discard(output)
-    layout = probe.layout
-    return EncodedVideo(
-        data=faststart(buffer.getvalue()),
-        frames=count,
-        fps=float(probe.rate),
-        width=layout.width,
-        height=layout.height,
-        colorspace=layout.colour.stored,
-        source_width=probe.width,
-        source_height=probe.height,
-    )
+    return EncodedVideo.of(probe, faststart(buffer.getvalue()), count)
 
 
 def _discard(output: Any) -> None:
