@@ -544,10 +544,8 @@ class ShareTables:
             self._prefix_bytes += len(prefix)
         return self._prefix_rows[prefix]
 
-    def arrays(self) -> tuple[Share, Scratch, np.ndarray]:
-        """The tables as the drivers' ``share`` tuple, the scratch buffers of
-        ``write_frame`` and the settings [mode, size, window]."""
-        s = self.size
+    def arrays(self) -> tuple[Share, np.ndarray]:
+        """The tables as the drivers' ``share`` tuple, and the settings [mode, size, window]."""
         share = (
             np.array(self.clips, np.int64).reshape(-1, CLIP_FIELDS),
             np.array(self.gops, np.int64).reshape(-1, 5),
@@ -559,26 +557,32 @@ class ShareTables:
             np.array(self.matrices, np.float32).reshape(-1, 3, 4),
             self.fetched,
         )
-        scratch: Scratch = (
-            np.empty((max(self.longest, 2), max(s, self.window)), np.uint8),
-            np.empty((s, s), np.uint8),
-            np.empty((s, s), np.uint8),
-            np.empty((s, s), np.uint8),
-        )
-        return share, scratch, np.array([MODES.index(self.mode), s, self.window], np.int64)
+        return share, np.array([MODES.index(self.mode), self.size, self.window], np.int64)
 
 
 class _Driver:
-    """A read buffer that grows to the longest read, and thread CPU time per stage."""
+    """A read buffer that grows to the longest read, ``write_frame``'s scratch (kept from share
+    to share), and thread CPU time per stage."""
 
     def __init__(self) -> None:
         _load_libc()
         self.buf = np.zeros(1 << 20, np.uint8)
         self.seconds = np.zeros(len(STAGES), np.int64)
+        self._scratch: Scratch | None = None
 
-    def _room(self, tables: ShareTables) -> None:
+    def _room(self, tables: ShareTables) -> Scratch:
+        """Grow the read buffer to the share's longest read; the scratch for its windows."""
         if len(self.buf) < tables.longest_read:
             self.buf = np.zeros(max(tables.longest_read, 2 * len(self.buf)), np.uint8)
+        s, rows, cols = tables.size, max(tables.longest, 2), max(tables.size, tables.window)
+        kept = self._scratch
+        if kept is not None and kept[1].shape[0] == s and kept[0].shape[1] >= cols:
+            if kept[0].shape[0] >= rows:
+                return kept
+            rows = max(rows, 2 * kept[0].shape[0])
+        planes = [np.empty((s, s), np.uint8) for _ in range(3)]
+        self._scratch = (np.empty((rows, cols), np.uint8), planes[0], planes[1], planes[2])
+        return self._scratch
 
 
 class Dav1dClips(_Driver):
@@ -594,10 +598,10 @@ class Dav1dClips(_Driver):
     def run(self, tables: ShareTables, out: np.ndarray) -> np.ndarray:
         """Decode the share into ``out`` (the batch as uint8 [N, T, frame bytes]; images:
         T = 1); returns the status table [C, 3] (code, detail, pictures produced)."""
-        self._room(tables)
+        scratch = self._room(tables)
         status = np.zeros((len(tables), 3), np.int64)
         decoder = self._decoder
-        share, scratch, settings = tables.arrays()
+        share, settings = tables.arrays()
         decode_dav1d(
             (decoder._handle, decoder._data, decoder._picture),
             share,
@@ -624,14 +628,14 @@ class AvcodecClips(_Driver):
 
     def run(self, tables: ShareTables, out: np.ndarray) -> np.ndarray:
         """As ``Dav1dClips.run``."""
-        self._room(tables)
+        scratch = self._room(tables)
         if len(self._packet) < 2 * tables.longest_read + 64:
             self._packet = np.zeros(2 * len(self.buf) + 64, np.uint8)
         h, w = tables.gray
         if self._neutral.shape[0] < h or self._neutral.shape[1] < w:
             self._neutral = np.full((h, w), 128, np.uint8)
         status = np.zeros((len(tables), 3), np.int64)
-        share, scratch, settings = tables.arrays()
+        share, settings = tables.arrays()
         decode_avcodec(
             (self._handles, self._picture, self._packet, self._neutral),
             share,
