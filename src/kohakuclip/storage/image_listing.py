@@ -25,12 +25,12 @@ import numpy as np
 
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import DATASET_FILE, IMAGE_SUFFIXES, INDEX_MEMBER, SHARD_SUFFIXES
-from kohakuclip.gulp.index import GulpIndex, open_gulp_source, open_remote_gulp
+from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.storage.folder import list_folder
 from kohakuclip.storage.image_index import find_image_index, load_image_index
 from kohakuclip.storage.index import IndexFormatError
-from kohakuclip.storage.prefix import list_prefix
+from kohakuclip.storage.prefix import list_prefix, open_listed_gulp
 from kohakuclip.storage.ranged import Objects
 from kohakuclip.storage.remote import ObjectStoreError, is_url, local_path, suffix_of
 from kohakuclip.storage.tar import list_tar
@@ -171,13 +171,8 @@ def _open_remote_gulp(
 ) -> ImageSource | None:
     """The gulp directory directly under the prefix ``url`` (its ``.gmeta`` files read whole,
     its frames later by ranged reads); None when there is none."""
-    sizes = {found: int(meta["size"]) for found, meta in listed}
-    for found, meta in listed:
-        objects.remote(found, meta)
     try:
-        gulp = open_remote_gulp(
-            url, sizes, lambda meta: objects.read(meta, 0, sizes[meta]), objects.read
-        )
+        gulp = open_listed_gulp(objects, url, listed)
     except ValueError as e:
         raise ImageSourceError(str(e)) from None
     if gulp is None:

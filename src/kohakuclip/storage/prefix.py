@@ -24,6 +24,8 @@ from kohakuclip.formats import (
     GULP_META_PATTERN,
     MANIFEST_FILE,
 )
+from kohakuclip.gulp.index import GulpIndex, open_remote_gulp
+from kohakuclip.storage.ranged import Objects
 from kohakuclip.storage.remote import (
     ObjectStoreError,
     head_objects,
@@ -32,7 +34,7 @@ from kohakuclip.storage.remote import (
 )
 from kohakuclip.storage.view import ViewError, parse_view
 
-__all__ = ["list_prefix"]
+__all__ = ["list_prefix", "open_listed_gulp"]
 
 
 Listing = list[tuple[str, dict[str, Any]]]
@@ -116,3 +118,15 @@ def _gulp_listing(
     wanted = [u for n in range(count) for u in _gulp_chunk(prefix, n)]
     wanted.append(_gulp_chunk(prefix, count)[1])
     return sorted((url, heads[url]) for url in wanted if url in heads)
+
+
+def open_listed_gulp(objects: Objects, prefix: str, listed: Listing) -> GulpIndex | None:
+    """The gulp directory directly under ``prefix`` from its listing (each object registered
+    with ``objects``; the ``.gmeta`` files read whole, frames later by ranged reads); None when
+    there is none. Raises ``GulpError`` for a broken one."""
+    sizes = {url: int(meta["size"]) for url, meta in listed}
+    for url, meta in listed:
+        objects.remote(url, meta)
+    return open_remote_gulp(
+        prefix, sizes, lambda url: objects.read(url, 0, sizes[url]), objects.read
+    )

@@ -34,12 +34,12 @@ from kohakuclip.formats import (
     VideoEntry,
     read_index_header,
 )
-from kohakuclip.gulp.index import GulpIndex, open_gulp_source, open_remote_gulp
+from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.folder import list_folder
 from kohakuclip.storage.index import video_entries
-from kohakuclip.storage.prefix import list_prefix
+from kohakuclip.storage.prefix import list_prefix, open_listed_gulp
 from kohakuclip.storage.ranged import Objects
 from kohakuclip.storage.remote import ObjectStoreError, is_url, local_path, suffix_of
 from kohakuclip.storage.tar import find_tar_last_member, list_tar
@@ -230,18 +230,8 @@ class _Lister:
 
     def _add_remote_gulp(self, url: str, listed: list[tuple[str, dict[str, Any]]]) -> bool:
         """A gulp directory directly under the prefix ``url``; False when there is none."""
-        sizes = {found: int(meta["size"]) for found, meta in listed}
-        for found, meta in listed:
-            self.objects.remote(found, meta)
-
-        def fetch(found: str) -> bytes:
-            return self.objects.read(found, 0, sizes[found])
-
-        def read_at(path: str, offset: int, length: int) -> bytes:
-            return self.objects.read(path, offset, length)
-
         try:
-            gulp = open_remote_gulp(url, sizes, fetch, read_at)
+            gulp = open_listed_gulp(self.objects, url, listed)
         except ValueError as e:
             raise SourceError(str(e)) from None
         if gulp is None:
