@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -100,7 +101,7 @@ def proxy_process(upstream: str, delay_ms: float) -> tuple[subprocess.Popen[str]
 
 
 def serve_proxy(upstream: str, delay_ms: float) -> None:
-    """Run ``delaying_proxy`` until stdin closes or the process is killed; prints the endpoint."""
+    """Run ``delaying_proxy`` until the process is killed; prints the endpoint first."""
     with delaying_proxy(upstream, delay_ms / 1000) as endpoint:
         print(endpoint, flush=True)
         threading.Event().wait()
@@ -128,10 +129,22 @@ def make_shard(folder: str, count: int, seconds: float) -> str:
     return shard
 
 
+@dataclass
+class Totals:
+    """One setting's sums over its rounds."""
+
+    seconds: float = 0.0  # wall time reading
+    clips: int = 0
+    cpu: float = 0.0  # this process's CPU seconds
+    helper_cpu: float = 0.0  # the server's and proxies' CPU seconds
+    fetched: int = 0  # bytes fetched from the store
+    requests: int = 0
+
+
 def measure(
     source: str, threads: int, seconds: float, batch: int, frames: int, options: dict
 ) -> tuple[float, int, float]:
-    """(clips/s, clips read, this process's CPU ms per clip) over about ``seconds``, batches
+    """(wall seconds, clips read, this process's CPU seconds) over about ``seconds``, batches
     submitted two ahead."""
     from kohakuclip import Reader
 
@@ -151,8 +164,7 @@ def measure(
         for p in pending:
             p.result()
             done += batch
-        cpu_ms = (time.process_time() - cpu) * 1000 / max(done, 1)
-        return done / (time.perf_counter() - start), done, cpu_ms
+        return time.perf_counter() - start, done, time.process_time() - cpu
 
 
 def main() -> None:
@@ -203,40 +215,41 @@ def main() -> None:
                 endpoint = proxies[ms][1] if ms > 0 else server.endpoint
                 options = {"storage_options": {"endpoint": endpoint}}
                 settings.append((f"s3 +{ms:g} ms/request", f"s3://{BUCKET}/bench.zip", options))
-            totals = {name: [0.0, 0, 0.0, 0.0, 0, 0] for name, _, _ in settings}
+            totals = {name: Totals() for name, _, _ in settings}
             try:
                 for r in range(args.rounds):
                     k = r % len(settings)
                     for name, source, options in settings[k:] + settings[:k]:
                         before, helper_cpu = request_counts(), sum(map(cpu_seconds, helpers))
-                        rate, clips, cpu_ms = measure(
+                        wall, clips, cpu = measure(
                             source, args.threads, args.seconds, args.batch, args.frames, options
                         )
                         after = request_counts()
                         t = totals[name]
-                        t[0] += clips / rate
-                        t[1] += clips
-                        t[2] += cpu_ms * clips
-                        t[3] += sum(map(cpu_seconds, helpers)) - helper_cpu
-                        t[4] += after["bytes"] - before["bytes"]
-                        t[5] += after["requests"] - before["requests"]
+                        t.seconds += wall
+                        t.clips += clips
+                        t.cpu += cpu
+                        t.helper_cpu += sum(map(cpu_seconds, helpers)) - helper_cpu
+                        t.fetched += after["bytes"] - before["bytes"]
+                        t.requests += after["requests"] - before["requests"]
             finally:
                 for process, _ in proxies.values():
                     process.kill()
                     process.wait()
-            local_rate = totals["local file"][1] / totals["local file"][0]
+            local = totals["local file"]
+            local_rate = local.clips / local.seconds
             for name, source, _ in settings:
-                seconds, clips, cpu, helper, fetched, requests = totals[name]
-                rate, read = clips / seconds, clips + args.batch * args.rounds  # + warm-ups
+                t = totals[name]
+                rate, read = t.clips / t.seconds, t.clips + args.batch * args.rounds  # + warm-ups
                 line = (
                     f"{name:>22}: {rate:8.1f} clips/s ({rate / local_rate:.2f}x local), "
-                    f"{cpu / clips:.1f} cpu ms/clip"
+                    f"{t.cpu * 1e3 / t.clips:.1f} cpu ms/clip"
                 )
                 if source != shard:
                     line += (
-                        f", server + proxy {helper * 1e3 / clips:.1f} cpu ms/clip, "
-                        f"{fetched / read / 1e3:.1f} kB and {requests / read:.2f} requests per "
-                        f"clip ({fetched / read / size * 100:.2f}% of the shard)"
+                        f", server + proxy {t.helper_cpu * 1e3 / t.clips:.1f} cpu ms/clip, "
+                        f"{t.fetched / read / 1e3:.1f} kB and {t.requests / read:.2f} requests "
+                        f"per clip ({t.fetched / read / size * 100:.2f}% of the shard)"
                     )
                 print(line, flush=True)
 
