@@ -13,7 +13,7 @@ from PIL import Image
 import kohakuclip
 from kohakuclip import ClipError, Reader
 from kohakuclip.decode.pixels import yuv420_planes, yuv_to_rgb_matrix
-from kohakuclip.write.pack import pack
+from kohakuclip.write.pack import ShardWriter, pack
 from tests.media import VideoSpec, decode_planes, make_video, psnr
 
 SPECS = {
@@ -216,14 +216,27 @@ CLIP_SPECS = {  # the four benchmark shapes, scaled to the 48-frame test video a
 }
 
 
+def _zip_without_dependency_table(corpus: Corpus) -> str:
+    """The corpus as a zip shard whose index has no KCAV1D table (as KohakuClip 1.0.0 packs)."""
+    path = os.path.join(corpus.root, "no_table.zip")
+    if not os.path.exists(path):
+        with ShardWriter(path) as writer:
+            for name in corpus.names:
+                writer.add(name, corpus.data[name])
+            writer._av1.clear()
+        assert writer.index().av1deps is None
+    return path
+
+
 @pytest.mark.parametrize("shape", list(CLIP_SPECS))
-@pytest.mark.parametrize("source", ["zip", "folder"])
+@pytest.mark.parametrize("source", ["zip", "folder", "zip without table"])
 def test_closure_keep_and_full_decode_agree_on_av1(corpus: Corpus, shape: str, source: str) -> None:
     """Feeding only the dependency closure (or keep bytes) gives the full decode's pixels, and
-    decodes fewer frames: full > keep > closure. Folders (no index) build the same dependency
-    table from the samples on first use."""
+    decodes fewer frames: full > keep > closure. Folders (no index) and shards whose index
+    has no dependency table build the same table from the samples on first use."""
     vid = corpus.names.index("av1.mp4")
-    path = corpus.zip if source == "zip" else corpus.folder
+    path = {"zip": corpus.zip, "folder": corpus.folder}.get(source)
+    path = path or _zip_without_dependency_table(corpus)
     spec = CLIP_SPECS[shape]
     rng = np.random.default_rng(len(shape))
     items = []
@@ -240,6 +253,10 @@ def test_closure_keep_and_full_decode_agree_on_av1(corpus: Corpus, shape: str, s
     assert np.array_equal(videos[True], videos[False])
     assert np.array_equal(videos["keep"], videos[False])
     assert decoded[False] > decoded["keep"] >= decoded[True], decoded
+    if source != "zip":
+        with Reader(corpus.zip, size=40, mode="yuv_resized") as reader:
+            assert np.array_equal(reader.read(items, seed=0).video, videos[True])
+            assert reader.stats()["decoded_per_output"] == decoded[True]
 
 
 def test_same_seed_same_batch_and_crops_vary(corpus: Corpus) -> None:

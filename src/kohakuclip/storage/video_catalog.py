@@ -34,7 +34,7 @@ class Catalog:
         cache_size: resolved frame tables kept.
         open_files: file descriptors kept open.
         gulp_fps: the frame rate of gulp videos (default: their meta's).
-        analyze_av1: build the dependency table of AV1 videos without an index.
+        analyze_av1: build the dependency table of AV1 videos that have none stored.
         storage_options: options of the object stores (``storage.remote``).
         cache: a block cache for remote reads, shared with other catalogs.
     """

@@ -1,11 +1,10 @@
 """Resolving a listed video into its ``VideoTrack``: from its index rows (one read), from a gulp
-directory's frame table, or from parsing the mp4's moov box (and, for AV1 without an index, its
-frame headers)."""
+directory's frame table, or from parsing the mp4's moov box (and, for AV1 without a stored
+dependency table, its frame headers)."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import numpy as np
 
@@ -48,8 +47,8 @@ def resolve_video(
         ref: the listed video.
         where: how messages name the video.
         gulp_fps: the frame rate of gulp videos (default: their meta's, else 0).
-        analyze_av1: parse the frame headers of AV1 videos without an index (one read of their
-            samples) for their dependency table.
+        analyze_av1: parse the frame headers of AV1 videos that have no stored dependency
+            table (no index, or an index without one) on first use, one read of their samples.
     """
     if ref.entry is not None:
         return _from_index(objects, src, ref, where, analyze_av1)
@@ -169,7 +168,9 @@ def _from_moov(
     try:
         with objects.open(path) as f:
             mp4 = parse_mp4(lambda off, n: f.read(base + off, n), size, base=base, where=where)
-            deps = _analyze_av1(f, mp4, where, analyze_av1) if mp4.codec == "av1" else None
+            deps = None
+            if mp4.codec == "av1":
+                deps = _analyze_av1(f, mp4.offsets, mp4.sizes, mp4.prefix, where, analyze_av1)
     except ObjectStoreError as e:
         raise SourceError(str(e)) from None
     except OSError as e:
@@ -197,21 +198,27 @@ def _from_moov(
     )
 
 
-def _analyze_av1(f: RangedFile, mp4: Any, where: str, enabled: bool) -> Av1Deps | None:
-    """The AV1 dependency table of a video without an index, built on first use (one read
-    of its samples): the moov fallback then skips as much as an indexed shard. None when
-    disabled, or when a frame header does not parse (``keep`` stays the whole sample)."""
-    if not enabled or mp4.n == 0:
+def _analyze_av1(
+    f: RangedFile,
+    offsets: np.ndarray,
+    sizes: np.ndarray,
+    prefix: bytes,
+    where: str,
+    enabled: bool,
+) -> Av1Deps | None:
+    """The AV1 dependency table of a video that has none stored (the moov fallback; a shard
+    index without a KCAV1D table, as KohakuClip 1.0.0 writes), built on first use from one read
+    of its samples, so that it skips as much as one of our shards. None when disabled, or when
+    a frame header does not parse (``keep`` is then all there is)."""
+    if not enabled or len(sizes) == 0:
         return None
-    offsets = mp4.offsets.astype(np.int64)
+    offsets, sizes = np.asarray(offsets, np.int64), np.asarray(sizes, np.int64)
     start = int(offsets.min())
-    data = f.read(start, int((offsets + mp4.sizes).max()) - start)
+    data = f.read(start, int((offsets + sizes).max()) - start)
     view = memoryview(data)
-    samples = [
-        view[o - start : o - start + z] for o, z in zip(offsets.tolist(), mp4.sizes.tolist())
-    ]
+    samples = [view[o - start : o - start + z] for o, z in zip(offsets.tolist(), sizes.tolist())]
     try:
-        return analyze(samples, mp4.prefix, where)
+        return analyze(samples, prefix, where)
     except Av1ParseError:
         return None
 
@@ -231,6 +238,11 @@ def _from_index(
         display, nal_length_size = moov.display, moov.nal_length_size
         if display is None:
             display = np.arange(entry.n)
+    av1_frames = None
+    if entry.codec == "av1":
+        av1_frames = _av1_frames(objects, src, entry.member)
+        if av1_frames is None:
+            av1_frames = _analyze_indexed_av1(objects, src, rows, prefix, where, analyze_av1)
     return VideoTrack(
         codec=entry.codec,
         width=entry.w,
@@ -246,5 +258,21 @@ def _from_index(
         keep=rows["keep"],
         keyframe=(rows["flags"] & FLAG_KEYFRAME) != 0,
         display=display,
-        av1_frames=_av1_frames(objects, src, entry.member) if entry.codec == "av1" else None,
+        av1_frames=av1_frames,
     )
+
+
+def _analyze_indexed_av1(
+    objects: Objects, src: VideoSource, rows: np.ndarray, prefix: bytes, where: str, enabled: bool
+) -> np.ndarray | None:
+    """``_analyze_av1`` of an indexed video whose shard has no dependency table."""
+    if not enabled:
+        return None
+    try:
+        with objects.open(src.path) as f:
+            deps = _analyze_av1(f, rows["offset"], rows["size"], prefix, where, enabled)
+    except ObjectStoreError as e:
+        raise SourceError(str(e)) from None
+    except OSError as e:
+        raise SourceError(f"{where}: {e.strerror}") from None
+    return None if deps is None else deps.frames
