@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from functools import cache
 
+from kohakuclip.decode._jit_cache import drop_stale
+
 __all__ = ["avcodec_found"]
+
+drop_stale(os.path.dirname(os.path.abspath(__file__)))
 
 
 @cache
