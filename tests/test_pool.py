@@ -1,6 +1,5 @@
 """The decode pool on its own: tasks run on per-thread states, the first error of a batch wins
-and the others still run, a dropped Pending is harmless, close joins the threads, and output
-buffers are checked."""
+and the others still run, a dropped Pending is harmless, close joins the threads."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import weakref
 import numpy as np
 import pytest
 
-from kohakuclip.read.pool import Pending, ThreadPool, batch_buffer
+from kohakuclip.read.pool import Pending, ThreadPool
 
 
 def _pool(threads: int = 2) -> ThreadPool:
@@ -97,20 +96,3 @@ def test_result_times_out_while_work_is_running() -> None:
     gate.set()
     pending.result(timeout=30)
     pool.close()
-
-
-def test_batch_buffer_checks_the_caller_s_array() -> None:
-    assert batch_buffer(None, (2, 3)).shape == (2, 3)
-    out = np.zeros((2, 3), np.uint8)
-    assert batch_buffer(out, (2, 3)) is out
-    for bad in (
-        np.zeros((3, 2), np.uint8),
-        np.zeros((2, 3), np.int16),
-        np.zeros((3, 2), np.uint8).T,
-    ):
-        with pytest.raises(ValueError, match="C-contiguous uint8"):
-            batch_buffer(bad, (2, 3))
-    frozen = np.zeros((2, 3), np.uint8)
-    frozen.flags.writeable = False
-    with pytest.raises(ValueError, match="writeable"):
-        batch_buffer(frozen, (2, 3))

@@ -7,7 +7,8 @@ cost nothing: the resize and the conversion store their rows and columns mirrore
 window of exactly twice the output (the filter's 2x2 box) is averaged inside the conversion.
 
 Modes (``MODES``): ``rgb`` planar [3, S, S]; ``yuv_resized`` packed 4:2:0 at S (chroma at
-ceil(S/2)); ``yuv`` the stored-resolution window packed 4:2:0 in a ``window`` square, unflipped.
+ceil(S/2)); ``yuv`` the stored-resolution window packed 4:2:0 in a ``window`` square
+(zeros around it), unflipped.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ def _packed_planes(dst: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray, 
     u = dst[side * side : side * side + c * c].reshape((c, c))
     v = dst[side * side + c * c : side * side + 2 * c * c].reshape((c, c))
     return y, u, v
+
+
+@numba.njit(inline="always")
+def _clear_margin(plane: np.ndarray, rows: int, cols: int) -> None:
+    """Zero what a ``rows`` x ``cols`` window leaves of a yuv-mode plane (batch buffers are
+    reused: the margin must not show an earlier batch)."""
+    plane[:rows, cols:] = 0
+    plane[rows:, :] = 0
 
 
 Taps = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -119,10 +128,15 @@ def write_frame(
     else:
         out_y, out_u, out_v = _packed_planes(dst, window)
         out_y[:h, :w] = luma
+        _clear_margin(out_y, h, w)
         if sx == 1 and sy == 1:
             out_u[:ch, :cw] = cb
             out_v[:ch, :cw] = cr
+            _clear_margin(out_u, ch, cw)
+            _clear_margin(out_v, ch, cw)
         else:  # 4:2:2, 4:4:4 (JPEG) stored as 4:2:0
             oh, ow = (h + 1) // 2, (w + 1) // 2
             resize_window(cb, t[0], t[1], t[2], t[3], tmp[:cw, :oh], out_u[:oh, :ow], False, False)
             resize_window(cr, t[0], t[1], t[2], t[3], tmp[:cw, :oh], out_v[:oh, :ow], False, False)
+            _clear_margin(out_u, oh, ow)
+            _clear_margin(out_v, oh, ow)

@@ -16,6 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar, get_args
 import numpy as np
 
 from kohakuclip.decode.pixels import OutputMode
+from kohakuclip.read.buffers import BatchBuffers
 from kohakuclip.read.pool import OwnedPool, Pending, Task, ThreadPool
 from kohakuclip.read.seeding import per_item_keys
 from kohakuclip.storage.files import FileCache
@@ -87,6 +88,7 @@ class ReaderBase(ABC, Generic[ItemT, BatchT]):
         self.size, self.mode, self.threads, self.crop = size, mode, threads, crop
         self.hflip, self.vflip = hflip, vflip
         self._rng = np.random.default_rng(seed)
+        self._buffers = BatchBuffers()
         self._compiled = True  # False: every item through the Python path (the tests' twin)
         self._pid = os.getpid()
 

@@ -26,7 +26,7 @@ from kohakuclip.errors import KohakuClipError
 from kohakuclip.plan_types import ClipPlan, GopRead
 from kohakuclip.read._reader_base import ReaderBase, Sources, renamed
 from kohakuclip.read.image_crop import image_crop
-from kohakuclip.read.pool import OwnedPool, Pending, Task, batch_buffer
+from kohakuclip.read.pool import OwnedPool, Pending, Task
 from kohakuclip.read.seeding import generator
 from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.files import FileCache
@@ -296,7 +296,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         clean = [self._check_id(i) for i in items]
         if not clean:
             raise ValueError("a batch needs at least one image")
-        out = batch_buffer(out, self.batch_shape(len(clean)))
+        out = self._buffers.batch(out, self.batch_shape(len(clean)))
         batch = ImageBatch(image=out, items=clean, **self._records(len(clean), item_keys))
         return self._dispatch(batch, len(clean), seed)
 

@@ -23,11 +23,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-import numpy as np
-
 from kohakuclip.errors import KohakuClipError
 
-__all__ = ["OwnedPool", "Pending", "PoolClosedError", "Task", "ThreadPool", "batch_buffer"]
+__all__ = ["OwnedPool", "Pending", "PoolClosedError", "Task", "ThreadPool"]
 
 
 T = TypeVar("T")
@@ -37,20 +35,6 @@ Task = Callable[[Any], None]
 class PoolClosedError(KohakuClipError, RuntimeError):
     """The pool stopped before it ran this work: its reader was closed or collected, the
     interpreter is exiting, or the batch was submitted in another process (before a fork)."""
-
-
-def batch_buffer(out: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """The caller's output buffer checked against the batch shape, or a new one."""
-    if out is None:
-        return np.empty(shape, dtype=np.uint8)
-    arr = np.asarray(out)
-    if arr.shape != shape or arr.dtype != np.uint8 or not arr.flags.c_contiguous:
-        raise ValueError(
-            f"out must be a C-contiguous uint8 array of shape {shape}, got {arr.dtype} {arr.shape}"
-        )
-    if not arr.flags.writeable:
-        raise ValueError("out must be writeable")
-    return arr
 
 
 class Pending(Generic[T]):

@@ -22,7 +22,7 @@ from kohakuclip.errors import KohakuClipError
 from kohakuclip.plan_types import ClipPlan
 from kohakuclip.read._reader_base import ReaderBase, Sources, renamed, warn_renamed
 from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
-from kohakuclip.read.pool import OwnedPool, Pending, Task, batch_buffer
+from kohakuclip.read.pool import OwnedPool, Pending, Task
 from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator
 from kohakuclip.storage.cache import BlockCache
@@ -342,7 +342,7 @@ class Reader(ReaderBase[Item, Batch]):
         t = len(clean[0][1])
         if any(len(f) != t for _, f in clean):
             raise ValueError("every clip of a batch must have the same number of frames")
-        out = batch_buffer(out, self.batch_shape(len(clean), t))
+        out = self._buffers.batch(out, self.batch_shape(len(clean), t))
         batch = Batch(video=out, items=clean, **self._records(len(clean), item_keys))
         return self._dispatch(batch, len(clean), seed)
 
