@@ -1,7 +1,7 @@
 """Clip reading, kohakuclip and KohakuClip 1.0.0 in one process, alternating batch by batch.
 
     python benchmarks/side_by_side.py --reference-package DIR [SHARD_OR_FOLDER...] [--threads 1 2]
-        [--naive]
+        [--naive] [--torchcodec]
 
 Run it with an interpreter that has kohakuclip installed and the Python version of the
 reference's wheel (its extension is built for one), under whatever environment the reference
@@ -13,7 +13,10 @@ Prints CPU ms per output frame (process CPU time while each reads) and wall ms x
 ``--naive`` adds a third contender, the naive PyAV loop (open, seek, decode to the last wanted
 frame, ``to_ndarray`` RGB, short-side crop, OpenCV area resize; one clip per thread at a time),
 the baseline for mp4 folders (e.g. benchmarks/busy_trainer.py's H.264 folders at GOP 16 and 250
-in /tmp/kc-busy-media).
+in /tmp/kc-busy-media). ``--torchcodec`` adds torchcodec's CPU decoder the same way (one
+``VideoDecoder`` per clip, one FFmpeg thread, ``get_frames_at``; the same crop and OpenCV area
+resize as the naive loop, so the columns differ in decoding only); it needs torch and torchcodec
+in the interpreter (benchmarks/torchcodec_env.sh makes such a venv, no GPU needed).
 """
 
 from __future__ import annotations
@@ -98,6 +101,45 @@ class NaivePyAV:
         return list(self.pool.map(self._clip, items))
 
 
+class TorchCodec(NaivePyAV):
+    """Clips read with torchcodec's CPU decoder, one ``VideoDecoder`` per clip (as a loader
+    opens one per sample), cropped and resized like ``NaivePyAV``.
+
+    Args:
+        reader: our Reader over the same sources: it maps video ids to files.
+        size: output side.
+        threads: clips decoded at once.
+        seek_mode: torchcodec's ``"approximate"`` (frame times from the header's rate) or
+            ``"exact"`` (a scan of the packets when each decoder opens).
+    """
+
+    def __init__(self, reader: Any, size: int, threads: int, seek_mode: str) -> None:
+        super().__init__(reader, size, threads)
+        self.seek_mode = seek_mode
+
+    def _clip(self, item: tuple[int, list[int]]) -> Any:
+        import cv2
+        import numpy as np
+        from torchcodec.decoders import VideoDecoder
+
+        vid, frames = item
+        source = self._open(vid)
+        decoder = VideoDecoder(
+            source.getvalue() if hasattr(source, "getvalue") else source,
+            dimension_order="NHWC",
+            num_ffmpeg_threads=1,
+            device="cpu",
+            seek_mode=self.seek_mode,
+        )
+        rgb = decoder.get_frames_at(frames).data.numpy()
+        side = min(rgb.shape[1:3])
+        y, x = (rgb.shape[1] - side) // 2, (rgb.shape[2] - side) // 2
+        out = np.empty((len(frames), self.size, self.size, 3), np.uint8)
+        for i, frame in enumerate(rgb[:, y : y + side, x : x + side]):
+            out[i] = cv2.resize(frame, (self.size, self.size), interpolation=cv2.INTER_AREA)
+        return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("sources", nargs="*")
@@ -111,21 +153,32 @@ def main() -> None:
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "kc-bench"))
     ap.add_argument("--specs", nargs="+", default=list(SPECS), choices=list(SPECS))
     ap.add_argument("--naive", action="store_true", help="add the naive PyAV loop")
+    ap.add_argument("--torchcodec", action="store_true", help="add torchcodec's CPU decoder")
+    ap.add_argument("--torchcodec-seek", default="approximate", choices=["approximate", "exact"])
     args = ap.parse_args()
 
     import av
 
     import kohakuclip
 
+    if args.torchcodec:
+        import torch
+        import torchcodec
+
+        torch.set_num_threads(1)
+        print(f"torchcodec {torchcodec.__version__}  torch {torch.__version__}")
     sources = args.sources or make_sources(args.make, args.workdir, "av1")
     with tempfile.TemporaryDirectory() as tmp:
         ref = import_reference(args.reference_package, tmp)
         print(f"sources: {sources}  size {args.size}  batch {args.batch}  PyAV {av.__version__}")
         print(f"machine: {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
-        naive_head = f" {'naive cpu ms':>12} {'ours/naive':>10}" if args.naive else ""
+        extra = [k for k, on in (("naive", args.naive), ("torchcodec", args.torchcodec)) if on]
+        heads = "".join(
+            f" {k + ' cpu ms':>{len(k) + 7}} {'ours/' + k:>{len(k) + 5}}" for k in extra
+        )
         print(
             f"{'clip':<12} {'thr':>3} {'ref cpu ms':>10} {'ours cpu ms':>11} {'cpu ratio':>9}"
-            f" {'wall ratio':>10}{naive_head}"
+            f" {'wall ratio':>10}{heads}"
         )
         for name in args.specs:
             items = draw_items(sources, SPECS[name], args.clips, seed=1)
@@ -136,6 +189,10 @@ def main() -> None:
                 }
                 if args.naive:
                     readers["naive"] = NaivePyAV(readers["ours"], args.size, threads)
+                if args.torchcodec:
+                    readers["torchcodec"] = TorchCodec(
+                        readers["ours"], args.size, threads, args.torchcodec_seek
+                    )
                 for reader in readers.values():
                     reader.read(items[: args.batch])  # warm-up
                 cpu = dict.fromkeys(readers, 0.0)
@@ -150,15 +207,15 @@ def main() -> None:
                             cpu[key] += time.process_time() - c0
                             wall[key] += time.perf_counter() - w0
                 frames = args.rounds * len(items) * SPECS[name]["frames"]
-                naive = (
-                    f" {cpu['naive'] / frames * 1e3:>12.3f} {cpu['ours'] / cpu['naive']:>10.3f}"
-                    if args.naive
-                    else ""
+                cols = "".join(
+                    f" {cpu[k] / frames * 1e3:>{len(k) + 7}.3f}"
+                    f" {cpu['ours'] / cpu[k]:>{len(k) + 5}.3f}"
+                    for k in extra
                 )
                 print(
                     f"{name:<12} {threads:>3} {cpu['ref'] / frames * 1e3:>10.3f}"
                     f" {cpu['ours'] / frames * 1e3:>11.3f} {cpu['ours'] / cpu['ref']:>9.3f}"
-                    f" {wall['ours'] / wall['ref']:>10.3f}{naive}",
+                    f" {wall['ours'] / wall['ref']:>10.3f}{cols}",
                     flush=True,
                 )
 
