@@ -161,6 +161,12 @@ def main() -> None:
 
     import kohakuclip
 
+    if args.naive or args.torchcodec:
+        import cv2
+
+        # one clip per thread: OpenCV's own pool would split each resize and leave its workers
+        # spinning into the next contender's measurement (process CPU time counts them)
+        cv2.setNumThreads(1)
     if args.torchcodec:
         import torch
         import torchcodec
