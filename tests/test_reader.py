@@ -259,6 +259,26 @@ def test_closure_keep_and_full_decode_agree_on_av1(corpus: Corpus, shape: str, s
             assert reader.stats()["decoded_per_output"] == decoded[True]
 
 
+@pytest.mark.parametrize("codec", ["h264", "hevc"])
+def test_folders_skip_non_reference_pictures_like_shards(corpus: Corpus, codec: str) -> None:
+    """An mp4 folder (no index) builds the keep column on first use: skipping gives the full
+    decode's pixels and decodes as few frames as the shard whose index stores it."""
+    vid = corpus.names.index(f"{codec}.mp4")
+    n = Reader(corpus.zip).info(vid).n
+    rng = np.random.default_rng(5)
+    items = [(vid, kohakuclip.random_frames(n, 6, rng)) for _ in range(6)]
+    videos, decoded = {}, {}
+    for path in (corpus.zip, corpus.folder):
+        for skip in (True, False):
+            with Reader(path, size=40, mode="yuv_resized", skip=skip) as reader:
+                videos[path, skip] = reader.read(items, seed=0).video
+                decoded[path, skip] = reader.stats()["decoded_per_output"]
+    for key in videos:
+        assert np.array_equal(videos[key], videos[corpus.zip, False])
+    assert decoded[corpus.folder, True] == decoded[corpus.zip, True], decoded
+    assert decoded[corpus.folder, True] < decoded[corpus.folder, False], decoded
+
+
 def test_same_seed_same_batch_and_crops_vary(corpus: Corpus) -> None:
     with Reader(corpus.zip, size=32, hflip=0.5, seed=0) as reader:
         items = [(0, [0, 1, 2])] * 8

@@ -76,7 +76,7 @@ def describe(
     out = []
     for path in (os.fspath(p) for p in paths):
         try:
-            catalog = Catalog([path], gulp_fps=gulp_fps, analyze_av1=False)
+            catalog = Catalog([path], gulp_fps=gulp_fps, skip_tables=False)
         except (ValueError, OSError) as e:
             out.append(VideoSummary(path, "", error=str(e)))
             continue

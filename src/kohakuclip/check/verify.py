@@ -81,7 +81,7 @@ class _Verifier:
                 return
             members, broken = check.members, check.broken
         try:
-            catalog = Catalog([path], analyze_av1=False)
+            catalog = Catalog([path], skip_tables=False)
             names = [ref.member for ref in catalog.videos]
             catalog.close()
             probe = Reader(path)

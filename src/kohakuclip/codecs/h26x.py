@@ -8,9 +8,13 @@ is not a sub-layer non-reference, RASL or RADL picture).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+
 from kohakuclip.codecs.annexb import nal_units
 
-__all__ = ["highest_temporal_id", "is_reference"]
+__all__ = ["highest_temporal_id", "is_reference", "keep_sizes"]
 
 
 _H264_VCL = frozenset(range(1, 6))  # coded slices (5: IDR)
@@ -82,3 +86,30 @@ def highest_temporal_id(parameter_sets: bytes) -> int:
         if len(unit) >= 3 and (unit[0] >> 1) & 0x3F == _HEVC_SPS:
             return (unit[2] >> 1) & 7
     return 0
+
+
+def keep_sizes(
+    samples: Sequence[bytes | bytearray | memoryview],
+    codec: str,
+    nal_length_size: int,
+    parameter_sets: bytes,
+    keyframes: np.ndarray,
+    where: str = "",
+) -> np.ndarray:
+    """The ``keep`` column of a video: each sample's size, 0 for the non-keyframe samples no
+    later picture references (``is_reference``), which a clip that does not want them skips.
+
+    Args:
+        samples: the video's length-prefixed samples, in decode order.
+        codec: ``h264`` or ``hevc``.
+        nal_length_size: bytes of each NAL unit's length prefix.
+        parameter_sets: the stream's Annex B parameter sets (HEVC: its highest TemporalId).
+        keyframes: bool per sample.
+        where: how errors name the video.
+    """
+    tid = highest_temporal_id(parameter_sets) if codec == "hevc" else 0
+    keep = np.array([len(s) for s in samples], np.uint32)
+    for i, sample in enumerate(samples):
+        if not keyframes[i] and not is_reference(sample, codec, nal_length_size, tid, where):
+            keep[i] = 0
+    return keep

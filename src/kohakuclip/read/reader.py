@@ -222,7 +222,7 @@ class Reader(ReaderBase[Item, Batch]):
             moov_cache,
             open_files,
             gulp_fps,
-            analyze_av1=skip is not False,
+            skip_tables=skip is not False,
             storage_options=storage_options,
             cache=BlockCache(os.fspath(cache_dir), cache_size) if cache_dir else None,
         )

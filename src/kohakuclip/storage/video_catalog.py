@@ -34,7 +34,8 @@ class Catalog:
         cache_size: resolved frame tables kept.
         open_files: file descriptors kept open.
         gulp_fps: the frame rate of gulp videos (default: their meta's).
-        analyze_av1: build the dependency table of AV1 videos that have none stored.
+        skip_tables: build the AV1 dependency tables and H.264 / HEVC keep columns that
+            nothing stored holds (``resolve_video``).
         storage_options: options of the object stores (``storage.remote``).
         cache: a block cache for remote reads, shared with other catalogs.
     """
@@ -46,11 +47,11 @@ class Catalog:
         cache_size: int = 4096,
         open_files: int = 4096,
         gulp_fps: float | None = None,
-        analyze_av1: bool = True,
+        skip_tables: bool = True,
         storage_options: dict[str, Any] | None = None,
         cache: BlockCache | None = None,
     ) -> None:
-        self._analyze = analyze_av1
+        self._skip_tables = skip_tables
         self._gulp_fps = gulp_fps
         self._manifests = VideoManifests(lambda url: self.objects.fetch_whole(url))
         self._open_files = open_files
@@ -105,7 +106,7 @@ class Catalog:
         ref = self.videos[vid]
         src = self.sources[ref.source]
         track = resolve_video(
-            self.objects, src, ref, self.where(vid), self._gulp_fps, self._analyze
+            self.objects, src, ref, self.where(vid), self._gulp_fps, self._skip_tables
         )
         with self._lock:
             self._tracks[vid] = track

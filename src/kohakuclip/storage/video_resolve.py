@@ -5,10 +5,12 @@ dependency table, its frame headers)."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
 from kohakuclip.codecs.av1 import Av1Deps, Av1ParseError, analyze
+from kohakuclip.codecs.h26x import keep_sizes
 from kohakuclip.formats import (
     AV1_DEPS_KEY,
     AV1_DEPS_MAGIC,
@@ -37,7 +39,7 @@ def resolve_video(
     ref: VideoRef,
     where: str,
     gulp_fps: float | None = None,
-    analyze_av1: bool = True,
+    skip_tables: bool = True,
 ) -> VideoTrack:
     """The frame table of the video ``ref`` of the source ``src``.
 
@@ -47,14 +49,15 @@ def resolve_video(
         ref: the listed video.
         where: how messages name the video.
         gulp_fps: the frame rate of gulp videos (default: their meta's, else 0).
-        analyze_av1: parse the frame headers of AV1 videos that have no stored dependency
-            table (no index, or an index without one) on first use, one read of their samples.
+        skip_tables: build what skipping needs where nothing stored has it, on first use from
+            one read of the video's samples: the dependency table of AV1 videos (no index, or
+            an index without one), the ``keep`` column of H.264 / HEVC videos without an index.
     """
     if ref.entry is not None:
-        return _from_index(objects, src, ref, where, analyze_av1)
+        return _from_index(objects, src, ref, where, skip_tables)
     if src.gulp is not None:
         return _from_gulp(src.gulp, src.gulp.position(ref.member), gulp_fps)
-    return _from_moov(objects, src, ref, where, analyze_av1)
+    return _from_moov(objects, src, ref, where, skip_tables)
 
 
 def member_location(
@@ -162,15 +165,18 @@ def _from_gulp(gulp: GulpIndex, video: int, gulp_fps: float | None) -> VideoTrac
 
 
 def _from_moov(
-    objects: Objects, src: VideoSource, ref: VideoRef, where: str, analyze_av1: bool
+    objects: Objects, src: VideoSource, ref: VideoRef, where: str, skip_tables: bool
 ) -> VideoTrack:
     path, base, size = member_location(objects, src, ref, where)
     try:
         with objects.open(path) as f:
             mp4 = parse_mp4(lambda off, n: f.read(base + off, n), size, base=base, where=where)
-            deps = None
+            deps, keep = None, None
             if mp4.codec == "av1":
-                deps = _analyze_av1(f, mp4.offsets, mp4.sizes, mp4.prefix, where, analyze_av1)
+                deps = _analyze_av1(f, mp4.offsets, mp4.sizes, mp4.prefix, where, skip_tables)
+                keep = None if deps is None else deps.keep
+            elif mp4.codec in ("h264", "hevc") and skip_tables:
+                keep = _h26x_keep(f, mp4, where)
     except ObjectStoreError as e:
         raise SourceError(str(e)) from None
     except OSError as e:
@@ -190,7 +196,7 @@ def _from_moov(
         path=path,
         offsets=np.asarray(mp4.offsets, dtype=np.uint64),
         sizes=sizes,
-        keep=sizes if deps is None else deps.keep,
+        keep=sizes if keep is None else keep,
         keyframe=np.asarray(mp4.keyframes, dtype=bool),
         display=np.asarray(mp4.display, dtype=np.int64),
         av1_frames=None if deps is None else deps.frames,
@@ -212,19 +218,36 @@ def _analyze_av1(
     a frame header does not parse (``keep`` is then all there is)."""
     if not enabled or len(sizes) == 0:
         return None
-    offsets, sizes = np.asarray(offsets, np.int64), np.asarray(sizes, np.int64)
-    start = int(offsets.min())
-    data = f.read(start, int((offsets + sizes).max()) - start)
-    view = memoryview(data)
-    samples = [view[o - start : o - start + z] for o, z in zip(offsets.tolist(), sizes.tolist())]
     try:
-        return analyze(samples, prefix, where)
+        return analyze(_read_samples(f, offsets, sizes), prefix, where)
     except Av1ParseError:
         return None
 
 
+def _h26x_keep(f: RangedFile, mp4: Any, where: str) -> np.ndarray | None:
+    """The ``keep`` column of an H.264 / HEVC video without an index, built on first use from
+    one read of its samples (as the writer's index stores it), so that clips skip unwanted
+    non-reference pictures there too. None when a sample does not parse (nothing skipped)."""
+    if mp4.n == 0:
+        return None
+    samples = _read_samples(f, mp4.offsets, mp4.sizes)
+    keyframes = np.asarray(mp4.keyframes, dtype=bool)
+    try:
+        return keep_sizes(samples, mp4.codec, mp4.nal_length_size, mp4.prefix, keyframes, where)
+    except ValueError:
+        return None
+
+
+def _read_samples(f: RangedFile, offsets: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
+    """Every sample of a video, from one read of the range they span."""
+    offsets, sizes = np.asarray(offsets, np.int64), np.asarray(sizes, np.int64)
+    start = int(offsets.min())
+    view = memoryview(f.read(start, int((offsets + sizes).max()) - start))
+    return [view[o - start : o - start + z] for o, z in zip(offsets.tolist(), sizes.tolist())]
+
+
 def _from_index(
-    objects: Objects, src: VideoSource, ref: VideoRef, where: str, analyze_av1: bool
+    objects: Objects, src: VideoSource, ref: VideoRef, where: str, skip_tables: bool
 ) -> VideoTrack:
     entry = ref.entry
     assert entry is not None
@@ -234,7 +257,7 @@ def _from_index(
     prefix = bytes.fromhex(entry.prefix)
     if entry.codec != "av1":
         # The index has no composition times: B-frames need the moov's display order.
-        moov = _from_moov(objects, src, ref, where, analyze_av1)
+        moov = _from_moov(objects, src, ref, where, False)  # keep is in the index
         display, nal_length_size = moov.display, moov.nal_length_size
         if display is None:
             display = np.arange(entry.n)
@@ -242,7 +265,7 @@ def _from_index(
     if entry.codec == "av1":
         av1_frames = _av1_frames(objects, src, entry.member)
         if av1_frames is None:
-            av1_frames = _analyze_indexed_av1(objects, src, rows, prefix, where, analyze_av1)
+            av1_frames = _analyze_indexed_av1(objects, src, rows, prefix, where, skip_tables)
     return VideoTrack(
         codec=entry.codec,
         width=entry.w,

@@ -18,7 +18,7 @@ from typing import BinaryIO, Literal, cast, get_args
 import numpy as np
 
 from kohakuclip.codecs.av1 import Av1Deps, Av1DepsIndex, analyze
-from kohakuclip.codecs.h26x import highest_temporal_id, is_reference
+from kohakuclip.codecs.h26x import keep_sizes
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import (
     FLAG_KEYFRAME,
@@ -55,17 +55,6 @@ def _sample_views(data: bytes, track: Mp4Track) -> list[memoryview]:
     view = memoryview(data)
     offsets, sizes = track.offsets.tolist(), track.sizes.tolist()
     return [view[s : s + z] for s, z in zip(offsets, sizes, strict=True)]
-
-
-def _h26x_keep(samples: list[memoryview], track: Mp4Track, where: str) -> np.ndarray:
-    """The whole sample for pictures a later one may reference, 0 for the others."""
-    keep = track.sizes.astype(np.uint32)
-    tid = highest_temporal_id(track.prefix) if track.codec == "hevc" else 0
-    size = track.nal_length_size
-    for i, sample in enumerate(samples):
-        if not track.keyframes[i] and not is_reference(sample, track.codec, size, tid, where):
-            keep[i] = 0
-    return keep
 
 
 class ShardWriter:
@@ -114,7 +103,14 @@ class ShardWriter:
                 deps = analyze(samples, track.prefix, where)
                 keep = deps.keep
             else:
-                keep = _h26x_keep(samples, track, where)
+                keep = keep_sizes(
+                    samples,
+                    track.codec,
+                    track.nal_length_size,
+                    track.prefix,
+                    track.keyframes,
+                    where,
+                )
         except ValueError as e:
             raise PackError(str(e)) from None
         base = self._writer.add(name, mp4)
