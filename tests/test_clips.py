@@ -255,6 +255,6 @@ def test_a_share_takes_the_gil_a_few_times_not_per_clip(sources: Sources, tmp_pa
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     takes = json.loads(proc.stdout.strip().splitlines()[-1])
-    shares = 4 * 2 * 2  # batches x threads x shares per thread
+    shares = 4 * 2
     assert takes["h26x"] <= 4 * shares, takes  # 64 clips, 320 packets
     assert takes["images"] <= 4 * shares, takes  # 256 images

@@ -1,5 +1,5 @@
 """What ``Reader`` and ``ImageReader`` share: argument checks, ids, the per-process thread pool,
-a batch's split into shares for the threads, reading, closing, and renamed-name aliases.
+a batch's split into one share per thread, reading, closing, and renamed-name aliases.
 
 Each reader keeps its own per-thread share task (the compiled hot path); this base only runs
 once per batch.
@@ -22,11 +22,6 @@ from kohakuclip.read.seeding import per_item_keys
 from kohakuclip.storage.files import FileCache
 
 __all__ = ["ReaderBase", "Sources", "renamed", "warn_renamed"]
-
-_SHARES_PER_THREAD = 2
-"""Shares per decode thread and batch (with two threads or more): clips cost from one decoded
-frame to a whole GOP, so with one share each a thread that finishes first waits for the others;
-with two, it takes the next share from the pool's queue. Each share costs a few GIL takes."""
 
 
 ItemT = TypeVar("ItemT")
@@ -149,14 +144,12 @@ class ReaderBase(ABC, Generic[ItemT, BatchT]):
         )
 
     def _dispatch(self, batch: BatchT, n: int, seed: int | None) -> Pending[BatchT]:
-        """Queue the ``n`` items of ``batch`` as contiguous shares, ``_SHARES_PER_THREAD`` per
-        thread when there are several; item ``i`` of a batch read without ``item_keys`` takes
-        its random choices from ``(seed, i)``."""
+        """Queue the ``n`` items of ``batch``, one contiguous share per thread; item ``i`` of a
+        batch read without ``item_keys`` takes its random choices from ``(seed, i)``."""
         if seed is None:
             seed = int(self._rng.integers(0, 2**63 - 1))
         pool, files = self._ensure_process()
-        count = self.threads * (_SHARES_PER_THREAD if self.threads > 1 else 1)
-        shares = [s.tolist() for s in np.array_split(np.arange(n), min(count, n))]
+        shares = [s.tolist() for s in np.array_split(np.arange(n), min(self.threads, n))]
         pending: Pending[BatchT] = Pending(len(shares), batch)
         pool.submit(self._tasks(batch, shares, seed, files), pending)
         return pending
