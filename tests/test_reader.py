@@ -279,6 +279,23 @@ def test_folders_skip_non_reference_pictures_like_shards(corpus: Corpus, codec: 
     assert decoded[corpus.folder, True] < decoded[corpus.folder, False], decoded
 
 
+def test_videos_over_the_table_limit_are_read_without_skipping(
+    corpus: Corpus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder video larger than ``TABLE_READ_LIMIT`` is not read whole for its skip tables:
+    it decodes every sample from the keyframe, with the same pixels."""
+    from kohakuclip.storage import video_resolve
+
+    vid = corpus.names.index("h264.mp4")
+    items = [(vid, [3, 17, 30])] * 2
+    with Reader(corpus.folder, size=40, mode="yuv_resized", skip=False) as reader:
+        full, decoded_full = reader.read(items, seed=0).video, reader.stats()["decoded_per_output"]
+    monkeypatch.setattr(video_resolve, "TABLE_READ_LIMIT", len(corpus.data["h264.mp4"]) // 2)
+    with Reader(corpus.folder, size=40, mode="yuv_resized", skip=True) as reader:
+        assert np.array_equal(reader.read(items, seed=0).video, full)
+        assert reader.stats()["decoded_per_output"] == decoded_full
+
+
 def test_same_seed_same_batch_and_crops_vary(corpus: Corpus) -> None:
     with Reader(corpus.zip, size=32, hflip=0.5, seed=0) as reader:
         items = [(0, [0, 1, 2])] * 8

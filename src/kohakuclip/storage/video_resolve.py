@@ -30,7 +30,10 @@ from kohakuclip.storage.video_listing import SourceError, VideoRef, VideoSource,
 from kohakuclip.storage.zip import ArchiveError, find_zip_member
 from kohakuclip.tracks import VideoTrack
 
-__all__ = ["resolve_video"]
+__all__ = ["TABLE_READ_LIMIT", "resolve_video"]
+
+TABLE_READ_LIMIT = 256 << 20
+"""The largest video (bytes of samples) whose skip tables are built from its samples."""
 
 
 def resolve_video(
@@ -51,7 +54,8 @@ def resolve_video(
         gulp_fps: the frame rate of gulp videos (default: their meta's, else 0).
         skip_tables: build what skipping needs where nothing stored has it, on first use from
             one read of the video's samples: the dependency table of AV1 videos (no index, or
-            an index without one), the ``keep`` column of H.264 / HEVC videos without an index.
+            an index without one), the ``keep`` column of H.264 / HEVC videos without an index
+            (videos over ``TABLE_READ_LIMIT`` are read without skipping).
     """
     if ref.entry is not None:
         return _from_index(objects, src, ref, where, skip_tables)
@@ -216,10 +220,11 @@ def _analyze_av1(
     index without a KCAV1D table, as KohakuClip 1.0.0 writes), built on first use from one read
     of its samples, so that it skips as much as one of our shards. None when disabled, or when
     a frame header does not parse (``keep`` is then all there is)."""
-    if not enabled or len(sizes) == 0:
+    samples = _read_samples(f, offsets, sizes) if enabled else None
+    if not samples:
         return None
     try:
-        return analyze(_read_samples(f, offsets, sizes), prefix, where)
+        return analyze(samples, prefix, where)
     except Av1ParseError:
         return None
 
@@ -228,9 +233,9 @@ def _h26x_keep(f: RangedFile, mp4: Any, where: str) -> np.ndarray | None:
     """The ``keep`` column of an H.264 / HEVC video without an index, built on first use from
     one read of its samples (as the writer's index stores it), so that clips skip unwanted
     non-reference pictures there too. None when a sample does not parse (nothing skipped)."""
-    if mp4.n == 0:
-        return None
     samples = _read_samples(f, mp4.offsets, mp4.sizes)
+    if not samples:
+        return None
     keyframes = np.asarray(mp4.keyframes, dtype=bool)
     try:
         return keep_sizes(samples, mp4.codec, mp4.nal_length_size, mp4.prefix, keyframes, where)
@@ -238,11 +243,18 @@ def _h26x_keep(f: RangedFile, mp4: Any, where: str) -> np.ndarray | None:
         return None
 
 
-def _read_samples(f: RangedFile, offsets: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
-    """Every sample of a video, from one read of the range they span."""
+def _read_samples(f: RangedFile, offsets: np.ndarray, sizes: np.ndarray) -> list[memoryview] | None:
+    """Every sample of a video, from one read of the range they span; None when there is none,
+    or when the range is over ``TABLE_READ_LIMIT`` (such a video is read without skipping
+    rather than held in memory whole)."""
     offsets, sizes = np.asarray(offsets, np.int64), np.asarray(sizes, np.int64)
+    if len(sizes) == 0:
+        return None
     start = int(offsets.min())
-    view = memoryview(f.read(start, int((offsets + sizes).max()) - start))
+    span = int((offsets + sizes).max()) - start
+    if span > TABLE_READ_LIMIT:
+        return None
+    view = memoryview(f.read(start, span))
     return [view[o - start : o - start + z] for o, z in zip(offsets.tolist(), sizes.tolist())]
 
 
