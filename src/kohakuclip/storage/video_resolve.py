@@ -4,7 +4,9 @@ dependency table, its frame headers)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -173,18 +175,14 @@ def _from_moov(
 ) -> VideoTrack:
     path, base, size = member_location(objects, src, ref, where)
     try:
-        with objects.open(path) as f:
+        with _opened(objects, path, where) as f:
             mp4 = parse_mp4(lambda off, n: f.read(base + off, n), size, base=base, where=where)
             deps, keep = None, None
-            if mp4.codec == "av1":
-                deps = _analyze_av1(f, mp4.offsets, mp4.sizes, mp4.prefix, where, skip_tables)
+            if skip_tables and mp4.codec == "av1":
+                deps = _analyze_av1(f, mp4.offsets, mp4.sizes, mp4.prefix, where)
                 keep = None if deps is None else deps.keep
-            elif mp4.codec in ("h264", "hevc") and skip_tables:
+            elif skip_tables and mp4.codec in ("h264", "hevc"):
                 keep = _h26x_keep(f, mp4, where)
-    except ObjectStoreError as e:
-        raise SourceError(str(e)) from None
-    except OSError as e:
-        raise SourceError(f"{where}: {e.strerror}") from None
     except ValueError as e:
         raise SourceError(str(e)) from None
     sizes = np.asarray(mp4.sizes, dtype=np.uint32)
@@ -214,13 +212,12 @@ def _analyze_av1(
     sizes: np.ndarray,
     prefix: bytes,
     where: str,
-    enabled: bool,
 ) -> Av1Deps | None:
     """The AV1 dependency table of a video that has none stored (the moov fallback; a shard
     index without a KCAV1D table, as KohakuClip 1.0.0 writes), built on first use from one read
-    of its samples, so that it skips as much as one of our shards. None when disabled, or when
-    a frame header does not parse (``keep`` is then all there is)."""
-    samples = _read_samples(f, offsets, sizes) if enabled else None
+    of its samples, so that it skips as much as one of our shards. None when a frame header
+    does not parse (``keep`` is then all there is)."""
+    samples = _read_samples(f, offsets, sizes)
     if not samples:
         return None
     try:
@@ -276,8 +273,8 @@ def _from_index(
     av1_frames = None
     if entry.codec == "av1":
         av1_frames = _av1_frames(objects, src, entry.member)
-        if av1_frames is None:
-            av1_frames = _analyze_indexed_av1(objects, src, rows, prefix, where, skip_tables)
+        if av1_frames is None and skip_tables:
+            av1_frames = _analyze_indexed_av1(objects, src, rows, prefix, where)
     return VideoTrack(
         codec=entry.codec,
         width=entry.w,
@@ -298,16 +295,22 @@ def _from_index(
 
 
 def _analyze_indexed_av1(
-    objects: Objects, src: VideoSource, rows: np.ndarray, prefix: bytes, where: str, enabled: bool
+    objects: Objects, src: VideoSource, rows: np.ndarray, prefix: bytes, where: str
 ) -> np.ndarray | None:
     """``_analyze_av1`` of an indexed video whose shard has no dependency table."""
-    if not enabled:
-        return None
+    with _opened(objects, src.path, where) as f:
+        deps = _analyze_av1(f, rows["offset"], rows["size"], prefix, where)
+    return None if deps is None else deps.frames
+
+
+@contextlib.contextmanager
+def _opened(objects: Objects, path: str, where: str) -> Iterator[RangedFile]:
+    """``objects.open(path)``, its storage errors (opening or reading) raised as
+    ``SourceError`` naming ``where``."""
     try:
-        with objects.open(src.path) as f:
-            deps = _analyze_av1(f, rows["offset"], rows["size"], prefix, where, enabled)
+        with objects.open(path) as f:
+            yield f
     except ObjectStoreError as e:
         raise SourceError(str(e)) from None
     except OSError as e:
         raise SourceError(f"{where}: {e.strerror}") from None
-    return None if deps is None else deps.frames
