@@ -9,10 +9,11 @@ for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 
 def _normal_scheduling() -> None:
-    """Back to SCHED_OTHER if this process runs under a real-time policy. Seen once on a shared
-    runner (xdist workers at SCHED_FIFO 99, inherited by their children): there, any thread
-    that spin-waits (BLAS workers, Go's scheduler in the S3 server) starves the thread it waits
-    for and the run livelocks."""
+    """Back to SCHED_OTHER if this thread runs under a real-time policy. SVT-AV1 moves the
+    thread that opens it to SCHED_FIFO 99 when run as root (``kohakuclip.write.scheduling``
+    undoes it where we open encoders); a test that opened one unguarded would leave its worker
+    real-time, and there any thread that spin-waits (BLAS workers, Go's scheduler in the S3
+    server) starves the thread it waits for and the run livelocks."""
     if hasattr(os, "sched_getscheduler") and os.sched_getscheduler(0) != os.SCHED_OTHER:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import av
 import numpy as np
 
+from kohakuclip.write.scheduling import normal_scheduling
+
 ENCODER_OPTIONS: dict[str, tuple[str, dict[str, str]]] = {
     # hierarchical mini-GOPs, hidden ARFs and show_existing_frame, like real SVT-AV1 output
     "av1": (
@@ -90,6 +92,8 @@ def make_video(spec: VideoSpec, path: str | None = None) -> bytes:
     stream.options = {**opts, **spec.options}
     for k, v in spec.metadata.items():
         stream.metadata[k] = v
+    with normal_scheduling():  # SVT-AV1 makes its threads real-time when run as root
+        stream.codec_context.open()
     for i in range(spec.frames):
         frame = av.VideoFrame.from_ndarray(frame_rgb(spec, i), format="rgb24")
         for packet in stream.encode(frame):

@@ -16,6 +16,7 @@ from fractions import Fraction
 import av
 
 from kohakuclip.mp4.moov import parse_mp4_bytes
+from kohakuclip.write.scheduling import drop_realtime_privilege
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.video import (
     EncodedVideo,
@@ -102,7 +103,9 @@ def encode_video_ffmpeg(
         output = os.path.join(work, "out.mp4")
         command = _command(binary or ffmpeg_binary(), path, output, probe, settings)
         try:
-            run = subprocess.run(command, capture_output=True, check=False)
+            run = subprocess.run(
+                command, capture_output=True, check=False, preexec_fn=drop_realtime_privilege()
+            )
         except OSError as e:
             raise EncodeError(f"{name}: cannot run ffmpeg ({e})") from None
         if run.returncode != 0:
