@@ -35,7 +35,7 @@ from numba import carray, types
 
 from kohakuclip.decode import _avcodec, _dav1d
 from kohakuclip.decode._dav1d import _voidptr
-from kohakuclip.decode._frame import MODES, frame_taps, write_frame
+from kohakuclip.decode._frame import MODES, Scratch, frame_taps, new_scratch, write_frame
 
 __all__ = [
     "MISSING_FRAME",
@@ -70,7 +70,6 @@ STAGES = ("read", "decode", "pixels")
 
 Share = tuple[np.ndarray, ...]
 """The tables (clips, gops, packets, pieces, targets, positions, prefixes, matrices, fetched)."""
-Scratch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 Output = tuple[np.ndarray, Scratch, np.ndarray]
 """(the batch as uint8 [N, T, frame bytes], ``write_frame``'s scratch, [mode, size, window])."""
 
@@ -580,8 +579,7 @@ class _Driver:
             if kept[0].shape[0] >= rows:
                 return kept
             rows = max(rows, 2 * kept[0].shape[0])
-        planes = [np.empty((s, s), np.uint8) for _ in range(3)]
-        self._scratch = (np.empty((rows, cols), np.uint8), planes[0], planes[1], planes[2])
+        self._scratch = new_scratch(rows, s, tables.window)
         return self._scratch
 
 

@@ -52,7 +52,7 @@ PRECISION_BITS = 22
 
 _HALF = 1 << (PRECISION_BITS - 1)
 _ONE = 1 << PRECISION_BITS
-_BLOCK = 32  # output rows per transposed store
+_BLOCK = 64  # output rows per transposed store: a cache line of each transposed row
 
 
 @numba.njit(nogil=True, cache=True)
@@ -192,10 +192,13 @@ def _store_transposed(block: np.ndarray, rows: int, ncols: int, out: np.ndarray,
     for b0 in range(0, bt, 8):
         for x0 in range(0, xt, 8):
             _transpose8(src0 + b0 * stride + x0, stride, dst0 + x0 * ostride + b0, ostride)
-    for x in range(ncols):  # what the tiles left: the last columns, then the last rows
-        dst = out[x, p0 : p0 + rows]
-        for b in range(bt if x < xt else 0, rows):
-            dst[b] = block[b, x]
+    if bt < rows:  # what the tiles left: the last rows under the tiled columns
+        for x in range(xt):
+            for b in range(bt, rows):
+                out[x, p0 + b] = block[b, x]
+    for x in range(xt, ncols):  # then the last columns, every row
+        for b in range(rows):
+            out[x, p0 + b] = block[b, x]
 
 
 @numba.njit(nogil=True, boundscheck=False, cache=True)

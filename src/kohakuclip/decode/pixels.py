@@ -10,10 +10,13 @@ matrices, crops, packed layouts, and the per-thread buffers for frames PyAV deco
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import cv2
 import numpy as np
+
+if TYPE_CHECKING:
+    from kohakuclip.decode._frame import Scratch
 
 __all__ = [
     "Crop",
@@ -152,7 +155,7 @@ class PixelWriter:
         self.window = window
         self._matrices: dict[tuple[str, bool], np.ndarray] = {}
         self._taps: dict[tuple[int, ...], tuple[Taps, Taps]] = {}
-        self._scratch: Taps | None = None  # tmp [window's longest side, S], y, u, v [S, S]
+        self._scratch: Scratch | None = None
 
     @staticmethod
     def frame_shape(size: int, mode: OutputMode, window: int = 512) -> tuple[int, ...]:
@@ -182,18 +185,12 @@ class PixelWriter:
     ) -> None:
         """Write one frame's output into ``dst`` (shape ``frame_shape``); ``shifts``: the
         chroma subsampling as (x, y) shifts ((1, 1) for 4:2:0, (0, 0) for 4:4:4)."""
-        from kohakuclip.decode._frame import MODES, frame_taps, write_frame
+        from kohakuclip.decode._frame import MODES, frame_taps, new_scratch, write_frame
 
         s = self.size
         rows = max(crop.w, crop.h, 2)
         if self._scratch is None or self._scratch[0].shape[0] < rows:
-            square = (s, s)
-            self._scratch = (
-                np.empty((rows, max(s, self.window)), np.uint8),
-                np.empty(square, np.uint8),
-                np.empty(square, np.uint8),
-                np.empty(square, np.uint8),
-            )
+            self._scratch = new_scratch(rows, s, self.window)
         row = np.array([crop.x, crop.y, crop.w, crop.h, hflip, vflip, *shifts], np.int64)
         mode = MODES.index(self.mode)
         key = (crop.x & 1, crop.y & 1, crop.w, crop.h, *shifts)
