@@ -7,7 +7,6 @@ encoder does it unguarded, so that the guarded check can fail.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -148,7 +147,7 @@ def test_ffmpeg_backend_encoder_threads_stay_normal():
         while not done.is_set():
             for pid in os.listdir("/proc"):
                 if pid.isdigit() and _is_ffmpeg_child(int(pid)):
-                    seen.append(_count_realtime(int(pid)))
+                    seen.append(len(realtime_threads(int(pid))))
             time.sleep(0.02)
 
     watcher = threading.Thread(target=watch)
@@ -171,12 +170,3 @@ def _is_ffmpeg_child(pid: int) -> bool:
             return int(fields[1]) == os.getpid() and "ffmpeg" in f.read()
     except (OSError, IndexError, ValueError):
         return False
-
-
-def _count_realtime(pid: int) -> int:
-    count = 0
-    with contextlib.suppress(OSError):  # the process or a thread may end while we look
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                count += os.sched_getscheduler(int(tid)) != os.SCHED_OTHER
-    return count

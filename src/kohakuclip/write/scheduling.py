@@ -24,12 +24,13 @@ _PR_CAPBSET_DROP = 24  # linux/prctl.h
 _CAP_SYS_NICE = 23  # linux/capability.h: what setting a real-time policy needs
 
 
-def realtime_threads() -> set[int]:
-    """Thread ids of this process that run under a real-time policy (Linux; empty elsewhere)."""
+def realtime_threads(pid: int | None = None) -> set[int]:
+    """Thread ids of this process (or of process ``pid``) that run under a real-time policy
+    (Linux; empty elsewhere, or when the process is gone)."""
     if not hasattr(os, "sched_getscheduler"):
         return set()
     try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
+        tids = [int(t) for t in os.listdir(f"/proc/{'self' if pid is None else pid}/task")]
     except OSError:
         return set()
     found = set()
