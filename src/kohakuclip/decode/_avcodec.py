@@ -38,6 +38,7 @@ import numba
 import numpy as np
 from numba import carray, types
 
+from kohakuclip.decode._copy import copy_bytes
 from kohakuclip.decode._dav1d import _voidptr
 from kohakuclip.errors import KohakuClipError
 
@@ -273,7 +274,7 @@ def annexb(src_address: int, size: int, length_size: int, dst: np.ndarray) -> in
         dst[out + 1] = 0
         dst[out + 2] = 0
         dst[out + 3] = 1
-        dst[out + 4 : out + 4 + length] = src[pos : pos + length]
+        copy_bytes(dst[out + 4 :], src[pos : pos + length])
         out += 4 + length
         pos += length
     return out

@@ -34,6 +34,7 @@ import numpy as np
 from numba import carray, types
 
 from kohakuclip.decode import _avcodec, _dav1d
+from kohakuclip.decode._copy import copy_bytes
 from kohakuclip.decode._dav1d import _voidptr
 from kohakuclip.decode._frame import MODES, Scratch, frame_taps, new_scratch, write_frame
 
@@ -119,7 +120,7 @@ def _read_gop(fd: int, gop: np.ndarray, fetched: np.ndarray, buf: np.ndarray) ->
     start = gop[GOP_FETCHED]
     if start < 0 or start + length > len(fetched):
         return False
-    buf[:length] = fetched[start : start + length]
+    copy_bytes(buf, fetched[start : start + length])
     return True
 
 
@@ -177,7 +178,7 @@ def _place(
             out[slot, first],
         )
         for p in range(targets[t, 1] + 1, targets[t, 2]):
-            out[slot, positions[p]] = out[slot, first]
+            copy_bytes(out[slot, positions[p]], out[slot, first])
         return
 
 
@@ -246,11 +247,11 @@ def decode_dav1d(
                     code, detail = DECODER_ERROR, _dav1d._ENOMEM
                     break
                 packet = carray(_voidptr(data_words[_dav1d._DATA_POINTER]), (size,), np.uint8)
-                packet[:lead] = prefixes[clips[c, PREFIX_FIRST] : clips[c, PREFIX_FIRST] + lead]
+                copy_bytes(packet, prefixes[clips[c, PREFIX_FIRST] : clips[c, PREFIX_FIRST] + lead])
                 at = lead
                 for q in range(first_piece, end_piece):
                     n = pieces[q, 1] - pieces[q, 0]
-                    packet[at : at + n] = buf[pieces[q, 0] : pieces[q, 1]]
+                    copy_bytes(packet[at:], buf[pieces[q, 0] : pieces[q, 1]])
                     at += n
                 data_words[_dav1d._DATA_TIMESTAMP] = packets[k, 2]
                 while code == OK:
@@ -390,7 +391,7 @@ def decode_avcodec(
                 at = 0
                 if k == gops[g, 2]:
                     at = clips[c, PREFIX_END] - clips[c, PREFIX_FIRST]
-                    packet[:at] = prefixes[clips[c, PREFIX_FIRST] : clips[c, PREFIX_END]]
+                    copy_bytes(packet, prefixes[clips[c, PREFIX_FIRST] : clips[c, PREFIX_END]])
                 for q in range(packets[k, 0], packets[k, 1]):
                     a, b = pieces[q, 0], pieces[q, 1]
                     if length_size:
@@ -400,7 +401,7 @@ def decode_avcodec(
                             break
                     else:
                         n = b - a
-                        packet[at : at + n] = buf[a:b]
+                        copy_bytes(packet[at:], buf[a:b])
                     at += n
                 if code != OK:
                     break
