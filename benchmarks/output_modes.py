@@ -23,8 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import SPECS, draw_items
 
 import kohakuclip
+from kohakuclip.decode.pixels import OutputMode
 
-MODES = ("rgb", "yuv_resized", "yuv")
+MODES: tuple[OutputMode, ...] = ("rgb", "yuv_resized", "yuv")
 
 
 def main() -> None:
