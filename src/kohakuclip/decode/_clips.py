@@ -142,44 +142,53 @@ def _starts_with_sequence_header(buf: np.ndarray, begin: int, end: int) -> bool:
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
+def _target(
+    clips: np.ndarray, c: int, targets: np.ndarray, display: int, written: np.ndarray
+) -> int:
+    """The row of ``targets`` that wants display index ``display`` of clip ``c`` and is not
+    written yet, or -1 (most decoded pictures are references nobody shows: they skip the
+    pixel stage and its clock reads, a system call each)."""
+    for t in range(clips[c, TARGET_FIRST], clips[c, TARGET_END]):
+        if targets[t, 0] == display and not written[t]:
+            return t
+    return -1
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
 def _place(
     share: Share,
     c: int,
+    t: int,
     crop: np.ndarray,
     taps: Any,
-    display: int,
     y: np.ndarray,
     u: np.ndarray,
     v: np.ndarray,
     written: np.ndarray,
     output: Output,
 ) -> None:
-    """Write a decoded picture into every output frame of clip ``c`` that shows it."""
+    """Write a decoded picture into the output frames of target ``t`` of clip ``c``."""
     clips, _, _, _, targets, positions, _, matrices, _ = share
     out, scratch, settings = output
-    for t in range(clips[c, TARGET_FIRST], clips[c, TARGET_END]):
-        if targets[t, 0] != display or written[t]:
-            continue
-        written[t] = True
-        first = positions[targets[t, 1]]
-        slot = clips[c, SLOT]
-        write_frame(
-            y,
-            u,
-            v,
-            crop,
-            matrices[clips[c, MATRIX]],
-            settings[0],
-            settings[1],
-            settings[2],
-            taps[0],
-            taps[1],
-            scratch,
-            out[slot, first],
-        )
-        for p in range(targets[t, 1] + 1, targets[t, 2]):
-            copy_bytes(out[slot, positions[p]], out[slot, first])
-        return
+    written[t] = True
+    first = positions[targets[t, 1]]
+    slot = clips[c, SLOT]
+    write_frame(
+        y,
+        u,
+        v,
+        crop,
+        matrices[clips[c, MATRIX]],
+        settings[0],
+        settings[1],
+        settings[2],
+        taps[0],
+        taps[1],
+        scratch,
+        out[slot, first],
+    )
+    for p in range(targets[t, 1] + 1, targets[t, 2]):
+        copy_bytes(out[slot, positions[p]], out[slot, first])
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
@@ -274,11 +283,13 @@ def decode_dav1d(
                         if pw < width or ph < height:
                             code, detail = WRONG_SIZE, pw * 65536 + ph
                         else:
-                            p0 = _now(clock)
-                            _, y, u, v = _dav1d._picture(picture.reshape((1, -1)), 0)
                             display = words[_dav1d._PICTURE_TIMESTAMP]
-                            _place(share, c, crop, taps, display, y, u, v, written, output)
-                            in_pixels += _now(clock) - p0
+                            t = _target(clips, c, targets, display, written)
+                            if t >= 0:
+                                p0 = _now(clock)
+                                _, y, u, v = _dav1d._picture(picture.reshape((1, -1)), 0)
+                                _place(share, c, t, crop, taps, y, u, v, written, output)
+                                in_pixels += _now(clock) - p0
                         _dav1d._picture_unref(picture_ptr)
                         if code != OK:
                             break
@@ -335,21 +346,23 @@ def _take_frames(
         if pw < crop[0] + crop[2] or ph < crop[1] + crop[3]:
             _avcodec.unref_frame(handle)
             return got, WRONG_SIZE, pw * 65536 + ph, taps
-        start = _now(clock)
-        y = _plane(picture, _avcodec.Y_ADDRESS, ph)
-        if fmt == _avcodec.GRAY:
-            u = v = neutral
-            sx, sy = 0, 0
-        else:
-            sx, sy = _SHIFTS[fmt, 0], _SHIFTS[fmt, 1]
-            u = _plane(picture, _avcodec.U_ADDRESS, (ph + sy) >> sy)
-            v = _plane(picture, _avcodec.V_ADDRESS, (ph + sy) >> sy)
-        if crop[6] != sx or crop[7] != sy:
-            crop[6], crop[7] = sx, sy
-            taps = frame_taps(crop, output[2][0], output[2][1])
-        _place(share, c, crop, taps, picture[_avcodec.PTS], y, u, v, written, output)
+        t = _target(share[0], c, share[4], picture[_avcodec.PTS], written)
+        if t >= 0:
+            start = _now(clock)
+            y = _plane(picture, _avcodec.Y_ADDRESS, ph)
+            if fmt == _avcodec.GRAY:
+                u = v = neutral
+                sx, sy = 0, 0
+            else:
+                sx, sy = _SHIFTS[fmt, 0], _SHIFTS[fmt, 1]
+                u = _plane(picture, _avcodec.U_ADDRESS, (ph + sy) >> sy)
+                v = _plane(picture, _avcodec.V_ADDRESS, (ph + sy) >> sy)
+            if crop[6] != sx or crop[7] != sy:
+                crop[6], crop[7] = sx, sy
+                taps = frame_taps(crop, output[2][0], output[2][1])
+            _place(share, c, t, crop, taps, y, u, v, written, output)
+            counts[1] += _now(clock) - start
         _avcodec.unref_frame(handle)
-        counts[1] += _now(clock) - start
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
