@@ -73,22 +73,44 @@ def test_pixels_match_pillow_without_dct_scaling(shard, crop):
         assert psnr(batch.image[i], _reference(data, batch.crops[i])) >= 40, (crop, i)
 
 
-def test_dct_scaling_stays_close(shard):
+def test_dct_scaling_stays_close(tmp_path):
+    """Windows of 4x the output decode at 1/4 in the DCT; where the window starts on a multiple
+    of 4 (here: offsets 0 and 32) the scaled decode covers exactly its pixels."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, (h, w) in enumerate([(256, 256), (256, 320), (320, 256)]):
+        Image.fromarray(photo(h, w, seed=200 + i)).save(src / f"{i}.png")
+    write_images(tmp_path / "out", [src], max_short=256, min_short=0, quality=95, progress=False)
+    shard = str(tmp_path / "out" / "shard_00000.zip")
     stored = _stored(shard)
+    size = 64
+    with ImageReader(shard, size=size, crop="center") as reader:
+        scaled = reader.read(range(3), seed=5)
+    with ImageReader(shard, size=size, crop="center", dct_scale=False) as reader:
+        full = reader.read(range(3), seed=5)
+    assert not np.array_equal(scaled.image, full.image), "the DCT shrink was not used"
+    for i, (_, data) in enumerate(stored):
+        assert int(scaled.crops[i][0]) % 4 == 0 and int(scaled.crops[i][1]) % 4 == 0
+        # a different low-pass than the 4x4 box of the full decode's resize
+        assert psnr(scaled.image[i], _reference(data, scaled.crops[i], size)) >= 38, i
+
+
+def test_no_half_size_dct_decode(shard):
+    """At windows of 2-4x the output the JPEG is decoded whole (the half-size inverse DCT is
+    slower than a full decode and our resize): the same pixels as with dct_scale=False."""
     with ImageReader(shard, size=SIZE, crop="center") as reader:
-        batch = reader.read(range(8), seed=5)
-    values = [
-        psnr(batch.image[i], _reference(d, batch.crops[i])) for i, (_, d) in enumerate(stored)
-    ]
-    # A 256 window shrunk 1/2 in the DCT: a different low-pass than the resize's; here about
-    # 6 dB below the full decode (50.2 against 56.2 dB at the worst image).
-    assert min(values) >= 38, values
+        default = reader.read(range(8), seed=5)
+    with ImageReader(shard, size=SIZE, crop="center", dct_scale=False) as reader:
+        full = reader.read(range(8), seed=5)
+    np.testing.assert_array_equal(default.image, full.image)
 
 
 def test_dct_denominator():
-    assert dct_denominator(512, 512, Crop(0, 0, 512, 512), 256) == 2
+    assert dct_denominator(512, 512, Crop(0, 0, 512, 512), 256) == 1  # no 1/2 shrink
+    assert dct_denominator(1000, 1000, Crop(0, 0, 1000, 1000), 256) == 1
+    assert dct_denominator(1024, 1024, Crop(0, 0, 1024, 1024), 256) == 4
     assert dct_denominator(512, 512, Crop(0, 0, 512, 512), 128) == 4
-    assert dct_denominator(512, 512, Crop(0, 0, 300, 512), 256) == 1
+    assert dct_denominator(512, 512, Crop(0, 0, 300, 512), 128) == 1
     assert dct_denominator(1024, 1024, Crop(0, 0, 1024, 1024), 100) == 8
 
 

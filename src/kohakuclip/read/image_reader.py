@@ -133,7 +133,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         hflip: probability of a horizontal flip per image.
         vflip: probability of a vertical flip per image.
         mode: ``rgb``, ``yuv_resized`` or ``yuv`` (see above).
-        dct_scale: let JPEG decode at 1/2, 1/4 or 1/8 scale when the window allows.
+        dct_scale: let JPEG decode at 1/4 or 1/8 scale when the window allows.
         seed: seeds ``sample`` and batches read without a seed.
         yuv_size: ``yuv`` mode's square (>= 2).
         use_index: read a KCIMG1 shard's index member (False: list the zip).
