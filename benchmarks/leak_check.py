@@ -93,6 +93,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
+    for option, steps, warmup in (
+        ("--batches", args.batches, 50),
+        ("--rounds", args.rounds, 5),
+        ("--readers", args.readers, 10),
+        ("--loader-batches", args.loader_batches, 20),
+    ):
+        if steps < warmup + 2:  # a slope needs two samples after the warm-up
+            ap.error(f"{option} {steps}: at least {warmup + 2} (its warm-up is {warmup} steps)")
 
     import kohakuclip
     from kohakuclip import ImageReader, Reader
