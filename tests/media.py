@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import av
 import numpy as np
 
-from kohakuclip.write.scheduling import normal_scheduling
+from kohakuclip.write.scheduling import open_encoder
 
 ENCODER_OPTIONS: dict[str, tuple[str, dict[str, str]]] = {
     # hierarchical mini-GOPs, hidden ARFs and show_existing_frame, like real SVT-AV1 output
@@ -92,8 +92,7 @@ def make_video(spec: VideoSpec, path: str | None = None) -> bytes:
     stream.options = {**opts, **spec.options}
     for k, v in spec.metadata.items():
         stream.metadata[k] = v
-    with normal_scheduling():  # SVT-AV1 makes its threads real-time when run as root
-        stream.codec_context.open()
+    open_encoder(stream.codec_context)
     for i in range(spec.frames):
         frame = av.VideoFrame.from_ndarray(frame_rgb(spec, i), format="rgb24")
         for packet in stream.encode(frame):

@@ -142,12 +142,11 @@ def _starts_with_sequence_header(buf: np.ndarray, begin: int, end: int) -> bool:
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def _target(
-    clips: np.ndarray, c: int, targets: np.ndarray, display: int, written: np.ndarray
-) -> int:
+def _target(share: Share, c: int, display: int, written: np.ndarray) -> int:
     """The row of ``targets`` that wants display index ``display`` of clip ``c`` and is not
     written yet, or -1 (most decoded pictures are references nobody shows: they skip the
     pixel stage and its clock reads, a system call each)."""
+    clips, targets = share[0], share[4]
     for t in range(clips[c, TARGET_FIRST], clips[c, TARGET_END]):
         if targets[t, 0] == display and not written[t]:
             return t
@@ -284,7 +283,7 @@ def decode_dav1d(
                             code, detail = WRONG_SIZE, pw * 65536 + ph
                         else:
                             display = words[_dav1d._PICTURE_TIMESTAMP]
-                            t = _target(clips, c, targets, display, written)
+                            t = _target(share, c, display, written)
                             if t >= 0:
                                 p0 = _now(clock)
                                 _, y, u, v = _dav1d._picture(picture.reshape((1, -1)), 0)
@@ -346,7 +345,7 @@ def _take_frames(
         if pw < crop[0] + crop[2] or ph < crop[1] + crop[3]:
             _avcodec.unref_frame(handle)
             return got, WRONG_SIZE, pw * 65536 + ph, taps
-        t = _target(share[0], c, share[4], picture[_avcodec.PTS], written)
+        t = _target(share, c, picture[_avcodec.PTS], written)
         if t >= 0:
             start = _now(clock)
             y = _plane(picture, _avcodec.Y_ADDRESS, ph)

@@ -28,7 +28,7 @@ import simplejpeg
 from PIL import Image
 
 from kohakuclip.formats import COLOR_FULL_RANGE, COLOR_GRAY, COLOR_RGB
-from kohakuclip.write.scheduling import normal_scheduling
+from kohakuclip.write.scheduling import open_encoder
 
 __all__ = [
     "JPEG_ENCODERS",
@@ -178,8 +178,7 @@ def _encode_av1(pixels: np.ndarray, gray: bool, quality: int) -> bytes:
         format="yuv420p", dst_colorspace="ITU601", dst_color_range="JPEG"
     )
     frame.pts = 0
-    with normal_scheduling():  # SVT-AV1 makes its threads real-time when run as root
-        ctx.open()
+    open_encoder(ctx)
     packets = ctx.encode(frame) + ctx.encode(None)
     return b"".join(bytes(p) for p in packets)
 

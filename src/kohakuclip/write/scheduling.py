@@ -5,8 +5,9 @@ and the thread that opens it, to ``SCHED_FIFO`` priority 99 whenever the effecti
 root, as it is in most containers. Forty real-time threads then outrank everything else on the
 node: a thread that spin-waits starves the one it waits for, and a 2-core test runner hung
 inside ``svt_av1_enc_get_packet`` with every thread real-time. Opening an encoder in
-``normal_scheduling`` puts the threads it made real-time back to ``SCHED_OTHER``;
-``drop_realtime_privilege`` does the same for an ffmpeg subprocess before it starts.
+``normal_scheduling`` (``open_encoder``: an encoder's open in it) puts the threads it made
+real-time back to ``SCHED_OTHER``; ``drop_realtime_privilege`` does the same for an ffmpeg
+subprocess before it starts.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import ctypes
 import ctypes.util
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
-__all__ = ["drop_realtime_privilege", "normal_scheduling", "realtime_threads"]
+__all__ = ["drop_realtime_privilege", "normal_scheduling", "open_encoder", "realtime_threads"]
 
 
 _PR_CAPBSET_DROP = 24  # linux/prctl.h
@@ -52,6 +54,12 @@ def normal_scheduling() -> Iterator[None]:
         for tid in realtime_threads() - before:
             with contextlib.suppress(OSError):
                 os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+
+
+def open_encoder(context: Any) -> None:
+    """Open a PyAV encoder's codec context in ``normal_scheduling``."""
+    with normal_scheduling():
+        context.open()
 
 
 def drop_realtime_privilege() -> Callable[[], None] | None:

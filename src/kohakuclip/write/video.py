@@ -29,7 +29,7 @@ from kohakuclip.write.layout import (
     display_matrix_orientation,
     plan_layout,
 )
-from kohakuclip.write.scheduling import normal_scheduling
+from kohakuclip.write.scheduling import open_encoder
 from kohakuclip.write.settings import EncodeSettings
 
 __all__ = [
@@ -293,8 +293,7 @@ def _add_encoder(output: Any, probe: SourceProbe, settings: EncodeSettings) -> A
     context.color_primaries = colour.primaries
     context.color_trc = colour.trc
     encoder.options = settings.encoder_options()
-    with normal_scheduling():  # SVT-AV1 makes its threads real-time when run as root
-        context.open()
+    open_encoder(context)
     return encoder
 
 
