@@ -9,7 +9,9 @@ needs (e.g. its LD_PRELOAD). ``DIR`` is the reference's installed ``kohakuclip``
 it is copied under the name ``kohakuclip_ref`` so that both import side by side. Both read the
 same items; per batch the order alternates. On a shared machine this is the steadiest
 comparison: both see the same moments of its noise, each batch a fraction of a second apart.
-Prints CPU ms per output frame (process CPU time while each reads) and wall ms x threads.
+Prints CPU ms per output frame (process CPU time while each reads) and wall ms x threads, and
+for ours / 1.0.0 a 95 % interval: the batches resampled with replacement (a bootstrap of the
+ratio of sums), so a cell's noise shows beside its value; more ``--rounds`` narrow it.
 ``--naive`` adds a third contender, the naive PyAV loop (open, seek, decode to the last wanted
 frame, ``to_ndarray`` RGB, short-side crop, OpenCV area resize; one clip per thread at a time),
 the baseline for mp4 folders (e.g. benchmarks/busy_trainer.py's H.264 folders at GOP 16 and 250
@@ -140,6 +142,17 @@ class TorchCodec(NaivePyAV):
         return out
 
 
+def ratio_interval(ours: list[float], ref: list[float], draws: int = 4000) -> tuple[float, float]:
+    """A 95 % bootstrap interval of ``sum(ours) / sum(ref)``, batches (pairs) resampled."""
+    import numpy as np
+
+    pairs = np.array([ours, ref])
+    picks = np.random.default_rng(0).integers(0, pairs.shape[1], (draws, pairs.shape[1]))
+    ratios = pairs[0][picks].sum(axis=1) / pairs[1][picks].sum(axis=1)
+    low, high = np.quantile(ratios, [0.025, 0.975])
+    return float(low), float(high)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("sources", nargs="*")
@@ -184,7 +197,7 @@ def main() -> None:
         )
         print(
             f"{'clip':<12} {'thr':>3} {'ref cpu ms':>10} {'ours cpu ms':>11} {'cpu ratio':>9}"
-            f" {'wall ratio':>10}{heads}"
+            f" {'95 % interval':>13} {'wall ratio':>10}{heads}"
         )
         for name in args.specs:
             items = draw_items(sources, SPECS[name], args.clips, seed=1)
@@ -201,8 +214,8 @@ def main() -> None:
                     )
                 for reader in readers.values():
                     reader.read(items[: args.batch])  # warm-up
-                cpu = dict.fromkeys(readers, 0.0)
                 wall = dict.fromkeys(readers, 0.0)
+                per_batch: dict[str, list[float]] = {key: [] for key in readers}
                 for r in range(args.rounds):
                     for b, i in enumerate(range(0, len(items), args.batch)):
                         k = (b + r) % len(readers)
@@ -210,8 +223,10 @@ def main() -> None:
                         for key in order:
                             c0, w0 = time.process_time(), time.perf_counter()
                             readers[key].read(items[i : i + args.batch])
-                            cpu[key] += time.process_time() - c0
+                            per_batch[key].append(time.process_time() - c0)
                             wall[key] += time.perf_counter() - w0
+                cpu = {key: sum(values) for key, values in per_batch.items()}
+                low, high = ratio_interval(per_batch["ours"], per_batch["ref"])
                 frames = args.rounds * len(items) * SPECS[name]["frames"]
                 cols = "".join(
                     f" {cpu[k] / frames * 1e3:>{len(k) + 7}.3f}"
@@ -221,7 +236,7 @@ def main() -> None:
                 print(
                     f"{name:<12} {threads:>3} {cpu['ref'] / frames * 1e3:>10.3f}"
                     f" {cpu['ours'] / frames * 1e3:>11.3f} {cpu['ours'] / cpu['ref']:>9.3f}"
-                    f" {wall['ours'] / wall['ref']:>10.3f}{cols}",
+                    f" {f'{low:.3f}-{high:.3f}':>13} {wall['ours'] / wall['ref']:>10.3f}{cols}",
                     flush=True,
                 )
 
