@@ -337,6 +337,18 @@ def test_plain_dataloader_gives_the_same_batches(videos: Path) -> None:
     assert_same_batches(reference, got)
 
 
+def test_direct_iteration_gives_the_same_batches_pinned_where_cuda_is(videos: Path) -> None:
+    """Iterated without a loader, the dataset decodes here: its batches are the stream's, in
+    pinned memory when CUDA is available (so ``.cuda(non_blocking=True)`` overlaps)."""
+    ds = dataset(videos)
+    reference = [ds.read_batch(i) for i in range(3)]
+    stream = iter(dataset(videos))
+    got = [next(stream) for _ in range(3)]
+    stream.close()  # type: ignore[attr-defined]
+    assert_same_batches(reference, got)
+    assert all(batch.is_pinned() == torch.cuda.is_available() for batch in got)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("stop", [0, 1, 3, 5])
 def test_resume_continues_with_the_batches_of_a_straight_run(

@@ -114,7 +114,9 @@ class BatchDataset(IterableDataset):
     together see every item once per epoch (per source when mixed). ``sources`` with ``weights``
     mix several sources (see ``kohakuclip.read.stream.mixture``): each sample picks its source
     by its own seeded draw. ``threads=None`` shares the usable CPUs between the DataLoader
-    workers and the ranks on this node (LOCAL_WORLD_SIZE, as torchrun sets it).
+    workers and the ranks on this node (LOCAL_WORLD_SIZE, as torchrun sets it). Iterated
+    directly, it decodes in this process into pinned batches when CUDA is available; through
+    ``ClipLoader``, the same batches with resume state.
 
     Args:
         sources: one reader's sources, or with ``weights`` several of them mixed (a sequence
@@ -357,10 +359,11 @@ class BatchDataset(IterableDataset):
     # --- iteration ----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
-        """Batches ``start, start + 1, ...``; in a DataLoader worker, its share of them."""
+        """Batches ``start, start + 1, ...``, pinned when CUDA is available; in a DataLoader
+        worker, its share of them, unpinned (the DataLoader pins what it hands over)."""
         info = get_worker_info()
         if info is None:
-            return self._stream(self._start, 1, 2, pin=False)
+            return self._stream(self._start, 1, 2, pin=torch.cuda.is_available())
         return self._stream(self._start + info.id, info.num_workers, 2, pin=False)
 
     def _stream(self, start: int, step: int, depth: int, pin: bool) -> Generator[Any, None, None]:
