@@ -1,0 +1,197 @@
+"""GulpIO's loader: batches of a map-style dataset as numpy arrays, with no torch.
+
+``from gulpio.loader import DataLoader`` becomes ``from kohakuclip.gulp.loader import
+DataLoader``, with the same arguments (``batch_size``, ``shuffle``, ``num_workers``,
+``drop_last``). Batch ``b`` of epoch ``e`` is a pure function of (seed, e, b): the order is a
+permutation seeded from (seed, epoch) and the items' own randomness comes from the dataset's
+``set_epoch``, so any number of workers gives the same batches. Workers are processes (a
+``ProcessPoolExecutor``): a worker that dies fails the iteration instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import numpy as np
+
+from kohakuclip.gulp.frames import GulpError
+
+__all__ = ["DataLoader", "collate"]
+
+
+def collate(items: Sequence[Any]) -> Any:
+    """Items into a batch: arrays stacked, numbers into an array, strings listed, and tuples,
+    lists and mappings collated field by field (as torch's ``default_collate``, in numpy).
+
+    Args:
+        items: the batch's items, all of the same structure.
+    """
+    first = items[0]
+    if isinstance(first, np.ndarray):
+        shapes = {item.shape for item in items}
+        if len(shapes) > 1:
+            raise GulpError(f"cannot stack items of different shapes {sorted(shapes)}")
+        return np.stack(items)
+    if isinstance(first, (bool, int, float, np.number, np.bool_)):
+        return np.array(items)
+    if isinstance(first, (str, bytes)) or first is None:
+        return list(items)
+    if isinstance(first, Mapping):
+        return {key: collate([item[key] for item in items]) for key in first}
+    if isinstance(first, (tuple, list)):
+        if any(len(item) != len(first) for item in items):
+            raise GulpError("cannot collate sequences of different lengths")
+        fields = [collate(list(column)) for column in zip(*items)]
+        return tuple(fields) if isinstance(first, tuple) else fields
+    return list(items)
+
+
+_worker_dataset: Any = None
+
+
+def _start_worker(dataset: Any) -> None:
+    global _worker_dataset
+    _worker_dataset = dataset
+
+
+def _load(
+    dataset: Any, indices: list[int], epoch: int, collate_fn: Callable[[list[Any]], Any]
+) -> Any:
+    """One batch: the dataset at ``epoch``, its items at ``indices``, collated."""
+    set_epoch = getattr(dataset, "set_epoch", None)
+    if set_epoch is not None:
+        set_epoch(epoch)
+    return collate_fn([dataset[i] for i in indices])
+
+
+def _load_in_worker(indices: list[int], epoch: int, collate_fn: Callable[[list[Any]], Any]) -> Any:
+    return _load(_worker_dataset, indices, epoch, collate_fn)
+
+
+class DataLoader:
+    """Batches of a map-style dataset (``len`` and ``[index]``, e.g. ``GulpVideoDataset``).
+
+    Each iteration is one epoch: the next one after the last (0 first), or the one given to
+    ``set_epoch``. It calls the dataset's ``set_epoch`` (where it has one) so that random clip
+    starts and transforms change per epoch, in every worker alike.
+
+    Args:
+        dataset: the dataset; with workers, it is sent to them once (pickled, or inherited
+            through a fork).
+        batch_size: items per batch.
+        shuffle: visit the items in a seeded random order, a new one per epoch.
+        num_workers: worker processes (0: load in this process).
+        drop_last: leave out the last batch when it has fewer than ``batch_size`` items.
+        collate_fn: items to a batch (default ``collate``: (frames, label) items become a
+            uint8 [B, ...] array and an int64 [B] array).
+        seed: seed of the shuffled order.
+        prefetch: batches in flight per worker.
+        timeout: seconds to wait for a worker's batch (0: forever).
+        multiprocessing_context: how workers start ("fork", "spawn", "forkserver" or a
+            context; None: the platform's default).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        *,
+        num_workers: int = 0,
+        drop_last: bool = False,
+        collate_fn: Callable[[list[Any]], Any] = collate,
+        seed: int = 0,
+        prefetch: int = 2,
+        timeout: float = 0,
+        multiprocessing_context: str | Any = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        if timeout < 0:
+            raise ValueError(f"timeout must be >= 0, got {timeout}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.num_workers = num_workers
+        self.drop_last = drop_last
+        self.collate_fn = collate_fn
+        self.seed = seed
+        self.prefetch = prefetch
+        self.timeout = timeout
+        self.multiprocessing_context = multiprocessing_context
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration epoch ``epoch``.
+
+        Args:
+            epoch: the epoch number (seeds the order and the dataset's draws).
+        """
+        self.epoch = epoch
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """The item indices of each batch of ``epoch``.
+
+        Args:
+            epoch: the epoch number.
+        """
+        n = len(self.dataset)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, epoch]).permutation(n).tolist()
+        else:
+            order = list(range(n))
+        starts = range(0, len(self) * self.batch_size, self.batch_size)
+        return [order[i : i + self.batch_size] for i in starts]
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = self.epoch
+        self.epoch += 1
+        if self.num_workers == 0:
+            return (
+                _load(self.dataset, indices, epoch, self.collate_fn)
+                for indices in self.batches(epoch)
+            )
+        return self._from_workers(epoch)
+
+    def _from_workers(self, epoch: int) -> Iterator[Any]:
+        context = self.multiprocessing_context
+        if context is None or isinstance(context, str):
+            context = multiprocessing.get_context(context)
+        pool = ProcessPoolExecutor(
+            self.num_workers,
+            mp_context=context,
+            initializer=_start_worker,
+            initargs=(self.dataset,),
+        )
+        pending: deque[tuple[int, Future[Any]]] = deque()
+        try:
+            for b, indices in enumerate(self.batches(epoch)):
+                pending.append((b, pool.submit(_load_in_worker, indices, epoch, self.collate_fn)))
+                if len(pending) >= self.num_workers * self.prefetch:
+                    yield self._result(*pending.popleft(), epoch)
+            while pending:
+                yield self._result(*pending.popleft(), epoch)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _result(self, batch: int, job: Future[Any], epoch: int) -> Any:
+        try:
+            return job.result(timeout=self.timeout or None)
+        except FutureTimeout:
+            raise TimeoutError(
+                f"batch {batch} of epoch {epoch} took longer than timeout={self.timeout} s"
+            ) from None

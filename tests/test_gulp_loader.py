@@ -1,0 +1,179 @@
+"""kohakuclip.gulp.loader.DataLoader against the dataset's own items, in and out of workers."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kohakuclip.gulp import LABEL2IDX_FILE, ChunkBuilder, GulpError
+from kohakuclip.gulp.dataset import GulpImageDataset, GulpVideoDataset
+from kohakuclip.gulp.loader import DataLoader, collate
+from kohakuclip.gulp.transforms import ComposeVideo, RandHorFlipVideo, RandomCropVideo
+from tests.media import VideoSpec, frame_rgb
+
+LENGTHS = {f"v{i}": n for i, n in enumerate((12, 9, 15, 7, 11, 10, 14))}
+LABEL2IDX = {"a": 0, "b": 1, "c": 2}
+WORKER_TIMEOUT = 120  # seconds: a hung worker fails the test
+
+
+@pytest.fixture(scope="module")
+def gulp_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Seven videos of 56 x 72 frames over two chunks, labelled a, b, c in turn."""
+    root = tmp_path_factory.mktemp("gulp_loader")
+    ids = list(LENGTHS)
+    for number, chunk_ids in enumerate((ids[:4], ids[4:])):
+        with ChunkBuilder(f"{root}/data_{number}.gulp", f"{root}/meta_{number}.gmeta") as b:
+            for id_ in chunk_ids:
+                spec = VideoSpec(width=72, height=56, seed=int(id_[1:]))
+                frames = [frame_rgb(spec, i) for i in range(LENGTHS[id_])]
+                b.add(id_, {"label": "abc"[int(id_[1:]) % 3]}, frames)
+    (root / LABEL2IDX_FILE).write_text(json.dumps(LABEL2IDX))
+    return str(root)
+
+
+def training_set(gulp_dir: str, seed: int = 1) -> GulpVideoDataset:
+    """Random clip starts, crops and flips: every item depends on (seed, epoch, index)."""
+    transform = ComposeVideo([], [RandomCropVideo(40), RandHorFlipVideo()])
+    return GulpVideoDataset(gulp_dir, 4, 2, is_val=False, transform=transform, seed=seed)
+
+
+def expected_batch(dataset: Any, epoch: int, indices: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    dataset.set_epoch(epoch)
+    items = [dataset[i] for i in indices]
+    return np.stack([frames for frames, _ in items]), np.array([label for _, label in items])
+
+
+def assert_same(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for (frames_a, labels_a), (frames_b, labels_b) in zip(a, b, strict=True):
+        assert np.array_equal(frames_a, frames_b)
+        assert np.array_equal(labels_a, labels_b)
+
+
+def test_batches_are_the_items_in_order_as_numpy(gulp_dir: str) -> None:
+    dataset = GulpVideoDataset(gulp_dir, 3, 2, is_val=True)
+    loader = DataLoader(dataset, batch_size=3)
+    batches = list(loader)
+    assert len(loader) == len(batches) == 3
+    for b, (frames, labels) in enumerate(batches):
+        indices = list(range(3 * b, min(3 * b + 3, 7)))
+        want_frames, want_labels = expected_batch(dataset, 0, indices)
+        assert isinstance(frames, np.ndarray) and frames.dtype == np.uint8
+        assert frames.shape == (len(indices), 3, 56, 72, 3)
+        assert labels.dtype == np.int64
+        assert np.array_equal(frames, want_frames)
+        assert np.array_equal(labels, want_labels)
+    dropped = DataLoader(dataset, batch_size=3, drop_last=True)
+    assert len(dropped) == 2 and [len(labels) for _, labels in dropped] == [3, 3]
+
+
+def test_shuffled_epochs_visit_every_item_once_in_a_new_order(gulp_dir: str) -> None:
+    loader = DataLoader(GulpImageDataset(gulp_dir), batch_size=2, shuffle=True, seed=4)
+    orders = [[i for batch in loader.batches(epoch) for i in batch] for epoch in range(3)]
+    assert all(sorted(order) == list(range(7)) for order in orders)
+    assert len({tuple(order) for order in orders}) == 3
+    again = DataLoader(GulpImageDataset(gulp_dir), batch_size=2, shuffle=True, seed=4)
+    assert again.batches(1) == loader.batches(1)
+    dataset = GulpImageDataset(gulp_dir)
+    for epoch in range(2):
+        got = list(loader)
+        assert_same(got, [expected_batch(dataset, epoch, i) for i in loader.batches(epoch)])
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_give_the_batches_of_one_process(gulp_dir: str, context: str) -> None:
+    """Each iteration is the next epoch, with the same draws in workers as in this process."""
+    here = DataLoader(training_set(gulp_dir), batch_size=3, shuffle=True)
+    straight = [list(here) for _ in range(2)]
+    assert not np.array_equal(straight[0][0][0], straight[1][0][0])  # epochs differ
+    workers = DataLoader(
+        training_set(gulp_dir),
+        batch_size=3,
+        shuffle=True,
+        num_workers=2,
+        timeout=WORKER_TIMEOUT,
+        multiprocessing_context=context,
+    )
+    for epoch in range(2):
+        assert_same(list(workers), straight[epoch])
+    workers.set_epoch(1)
+    assert_same(list(workers), straight[1])
+
+
+class FailsAt:
+    """A dataset whose item ``bad`` raises."""
+
+    def __init__(self, dataset: Any, bad: int) -> None:
+        self.dataset, self.bad = dataset, bad
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        if index == self.bad:
+            raise GulpError(f"item {index}: broken on purpose")
+        return self.dataset[index]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_item_error_reaches_the_loop_and_the_loader_keeps_working(
+    gulp_dir: str, workers: int
+) -> None:
+    loader = DataLoader(
+        FailsAt(GulpImageDataset(gulp_dir), 4),
+        batch_size=2,
+        num_workers=workers,
+        timeout=WORKER_TIMEOUT,
+    )
+    got = []
+    with pytest.raises(GulpError, match="item 4: broken on purpose"):
+        for batch in loader:
+            got.append(batch)
+    assert len(got) == 2  # the batches before the broken one came through
+    loader.dataset.bad = -1
+    assert len(list(loader)) == 4
+
+
+def test_an_abandoned_iteration_lets_its_workers_go(gulp_dir: str) -> None:
+    loader = DataLoader(GulpImageDataset(gulp_dir), batch_size=1, num_workers=2, prefetch=2)
+    batches = iter(loader)
+    next(batches)
+    assert multiprocessing.active_children()
+    batches.close()  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 30
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not multiprocessing.active_children()
+
+
+def test_collate() -> None:
+    items = [
+        ({"name": f"v{i}", "score": i / 2, "frames": [np.full((2, 2), i, np.uint8)]}, i)
+        for i in range(3)
+    ]
+    meta, labels = collate(items)
+    assert meta["name"] == ["v0", "v1", "v2"]
+    assert np.array_equal(meta["score"], [0.0, 0.5, 1.0])
+    assert meta["frames"][0].shape == (3, 2, 2) and meta["frames"][0][2, 0, 0] == 2
+    assert labels.tolist() == [0, 1, 2]
+    with pytest.raises(GulpError, match="different shapes"):
+        collate([np.zeros((2, 2)), np.zeros((3, 2))])
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(batch_size=0), "batch_size"),
+        (dict(num_workers=-1), "num_workers"),
+        (dict(prefetch=0), "prefetch"),
+        (dict(timeout=-1), "timeout"),
+    ],
+)
+def test_bad_arguments(gulp_dir: str, kw: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        DataLoader(GulpImageDataset(gulp_dir), **kw)
