@@ -407,3 +407,24 @@ def test_cli(tmp_path, capsys):
     records = map_image_index(tmp_path / "out" / "shard_00000.zip")
     assert (records["width"][0], records["height"][0]) == (120, 100)
     assert cli_main([str(tmp_path / "o2"), str(tmp_path / "missing")]) == 2
+
+
+def test_av1_names_the_avif_codec(tmp_path):
+    """``--codec av1`` stores what ``avif`` stores (raw OBUs), and the run records ``avif``."""
+    src = tmp_path / "src"
+    src.mkdir()
+    Image.fromarray(photo(100, 120, seed=71)).save(src / "p.png")
+    for codec in ("av1", "avif"):
+        argv = [str(tmp_path / codec), str(src), "--min-short", "0", "--codec", codec]
+        assert cli_main([*argv, "--workers", "1", "--no-progress"]) == 0
+    stored = [
+        zipfile.ZipFile(tmp_path / codec / "shard_00000.zip").read("p.obu")
+        for codec in ("av1", "avif")
+    ]
+    assert stored[0] == stored[1]
+    settings = json.loads((tmp_path / "av1" / "encoding.json").read_text())
+    assert settings["codec"] == "avif" and settings["index_codec"] == "av1"
+    assert (
+        encode_pixels(photo(64, 64, seed=72), "av1").data
+        == encode_pixels(photo(64, 64, seed=72), "avif").data
+    )

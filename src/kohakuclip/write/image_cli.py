@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kohakuclip.write.image_codecs import JPEG_ENCODERS, STORAGE_CODECS
+from kohakuclip.write.image_codecs import CODEC_ALIASES, JPEG_ENCODERS, STORAGE_CODECS
 from kohakuclip.write.image_sources import ImageInputError
 from kohakuclip.write.images import write_images
 from kohakuclip.write.parts import part_argument
@@ -31,7 +31,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--per-shard", type=int, default=10000, help="images per shard")
     p.add_argument("--workers", type=int, default=None, help="encoding threads (default: CPUs)")
-    p.add_argument("--codec", choices=STORAGE_CODECS, default="jpeg")
+    p.add_argument(
+        "--codec",
+        choices=[*STORAGE_CODECS, *CODEC_ALIASES],
+        default="jpeg",
+        help="stored format (av1: the same as avif, raw AV1 OBUs)",
+    )
     p.add_argument(
         "--jpeg-encoder",
         choices=JPEG_ENCODERS,

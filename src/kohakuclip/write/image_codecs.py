@@ -31,12 +31,15 @@ from kohakuclip.formats import COLOR_FULL_RANGE, COLOR_GRAY, COLOR_RGB
 from kohakuclip.write.scheduling import open_encoder
 
 __all__ = [
+    "CODEC_ALIASES",
+    "INDEX_CODEC",
     "JPEG_ENCODERS",
     "STORAGE_CODECS",
     "Encoded",
     "check_codec",
     "encode_pixels",
     "quality_table",
+    "storage_codec",
 ]
 
 
@@ -44,6 +47,8 @@ StorageCodec = Literal["jpeg", "avif", "jxl", "webp"]
 JpegEncoder = Literal["tuned", "turbo", "jpegli"]
 
 STORAGE_CODECS: tuple[str, ...] = ("jpeg", "avif", "jxl", "webp")
+CODEC_ALIASES = {"av1": "avif"}
+"""Other names of a storage codec: ``av1`` is ``avif`` (both store raw AV1 OBUs)."""
 JPEG_ENCODERS: tuple[str, ...] = ("tuned", "turbo", "jpegli")
 
 # N. Robidoux's 8x8 table (natural order); the tuned encoder uses it for every component.
@@ -63,7 +68,8 @@ _ROBIDOUX_TABLE = np.array(
 
 # Member suffix and KCIMG1 codec name of each storage codec.
 _SUFFIX = {"jpeg": ".jpg", "avif": ".obu", "jxl": ".jxl", "webp": ".webp"}
-_INDEX_CODEC = {"jpeg": "jpeg", "avif": "av1", "jxl": "jxl", "webp": "webp"}
+INDEX_CODEC = {"jpeg": "jpeg", "avif": "av1", "jxl": "jxl", "webp": "webp"}
+"""The codec name the image index records for each storage codec."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,11 @@ class Encoded:
     codec: str  # name in formats.IMAGE_CODECS
     color: int  # formats.COLOR_* flags
     suffix: str  # member name suffix
+
+
+def storage_codec(name: str) -> str:
+    """The storage codec ``name`` stands for (``CODEC_ALIASES`` resolved)."""
+    return CODEC_ALIASES.get(name, name)
 
 
 def check_codec(codec: str, jpeg_encoder: str = "tuned") -> None:
@@ -110,7 +121,9 @@ def encode_pixels(
     quality: int = 70,
     jpeg_encoder: str = "tuned",
 ) -> Encoded:
-    """Encode uint8 [H, W, 3] RGB or [H, W] gray pixels for storage."""
+    """Encode uint8 [H, W, 3] RGB or [H, W] gray pixels for storage (``codec`` may be an alias,
+    see ``CODEC_ALIASES``)."""
+    codec = storage_codec(codec)
     check_codec(codec, jpeg_encoder)
     pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
     gray = pixels.ndim == 2
@@ -120,7 +133,7 @@ def encode_pixels(
         data, color = _encode_av1(pixels, gray, quality), COLOR_FULL_RANGE
     else:
         data, color = _encode_with_pillow(pixels, gray, codec, quality)
-    return Encoded(data, _INDEX_CODEC[codec], color, _SUFFIX[codec])
+    return Encoded(data, INDEX_CODEC[codec], color, _SUFFIX[codec])
 
 
 def _encode_jpeg(pixels: np.ndarray, gray: bool, quality: int, encoder: str) -> tuple[bytes, int]:

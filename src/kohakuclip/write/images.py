@@ -36,7 +36,13 @@ from kohakuclip.formats import (
 )
 from kohakuclip.storage.image_index import encode_image_index, image_records
 from kohakuclip.storage.zip import ZipWriter
-from kohakuclip.write.image_codecs import Encoded, check_codec, encode_pixels
+from kohakuclip.write.image_codecs import (
+    INDEX_CODEC,
+    Encoded,
+    check_codec,
+    encode_pixels,
+    storage_codec,
+)
 from kohakuclip.write.image_prepare import Backend, ImageSkip, prepare
 from kohakuclip.write.image_sources import SourceImage, iter_sources
 from kohakuclip.write.parts import OutputNames, Part
@@ -291,7 +297,8 @@ def write_images(
         min_short: images whose short side is smaller are skipped.
         per_shard: images per shard.
         workers: encoding threads (default: the CPUs).
-        codec: the stored format: ``jpeg``, ``avif``, ``jxl`` (``kohakuclip[jxl]``) or ``webp``.
+        codec: the stored format: ``jpeg``, ``avif`` (raw AV1 OBUs of an intra frame; ``av1``
+            names it too), ``jxl`` (``kohakuclip[jxl]``) or ``webp``.
         jpeg_encoder: ``tuned`` (smallest at equal quality), ``turbo`` (fastest) or ``jpegli``
             (4:2:0 only, ``kohakuclip[jpegli]``).
         backend: ``native`` or ``pillow`` decoding and resizing.
@@ -303,6 +310,7 @@ def write_images(
     Raises:
         ValueError: an invalid setting, or a codec whose package is missing.
     """
+    codec = storage_codec(codec)
     check_codec(codec, jpeg_encoder)
     if per_shard < 1:
         raise ValueError(f"per_shard must be >= 1, got {per_shard}")
@@ -460,7 +468,7 @@ def _encoding_record(
     from kohakuclip import __version__
 
     record: dict[str, Any] = asdict(settings)
-    record["index_codec"] = {"jpeg": "jpeg", "avif": "av1"}.get(settings.codec, settings.codec)
+    record["index_codec"] = INDEX_CODEC[settings.codec]
     record["jpeg"] = {
         "subsampling": "4:2:0" if settings.jpeg_encoder == "jpegli" else "4:4:4",
         "baseline": True,
