@@ -314,6 +314,7 @@ def test_write_images_every_source_kind(tmp_path):
         px, caption, meta = expected[row["key"]]
         assert (row["caption"], row["meta"]) == (caption, meta)
         assert (row["source_width"], row["source_height"]) == (px.shape[1], px.shape[0])
+        assert row["native_res"] is False  # every source is larger than max_short
         shard = out / row["shard"]
         records = map_image_index(shard)
         record = records[row["index"]]
@@ -406,6 +407,7 @@ def test_cli(tmp_path, capsys):
     assert "1 images in 1 shards" in capsys.readouterr().err
     records = map_image_index(tmp_path / "out" / "shard_00000.zip")
     assert (records["width"][0], records["height"][0]) == (120, 100)
+    assert pq.read_table(tmp_path / "out" / "manifest.parquet")["native_res"].to_pylist() == [True]
     assert cli_main([str(tmp_path / "o2"), str(tmp_path / "missing")]) == 2
 
 

@@ -103,8 +103,12 @@ VIDEO_MANIFEST_SCHEMA = pa.schema(
 )
 """The video manifest: the shared columns, then the per-video stream facts."""
 
-IMAGE_MANIFEST_SCHEMA = pa.schema([*_MANIFEST_SHARED, ("key", pa.string())])
-"""The image manifest: the shared columns, then ``key`` (the member name without its suffix)."""
+IMAGE_MANIFEST_SCHEMA = pa.schema(
+    [*_MANIFEST_SHARED, ("key", pa.string()), ("native_res", pa.bool_())]
+)
+"""The image manifest: the shared columns, then ``key`` (the member name without its suffix) and
+``native_res`` (stored at the upright source's size, not resized; manifests written before
+2026-12-02 lack the column)."""
 
 MANIFEST_RENAMED = {"json": "meta", "stored_size": "bytes", "source_size": "source_bytes"}
 """Columns of image manifests written before the schemas were one family, and their names now

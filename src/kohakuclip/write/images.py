@@ -444,6 +444,7 @@ def _manifest_row(
         "height": image.height,
         "source_width": image.source_width,
         "source_height": image.source_height,
+        "native_res": (image.width, image.height) == (image.source_width, image.source_height),
         "caption": item.caption,
         "meta": item.meta,
         "source": item.origin,
