@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import io
+import json
+import os
 import tempfile
 from dataclasses import dataclass, field
 
 import av
 import numpy as np
 
+from kohakuclip.gulp import LABEL2IDX_FILE, ChunkBuilder
 from kohakuclip.write.scheduling import open_encoder
 
 ENCODER_OPTIONS: dict[str, tuple[str, dict[str, str]]] = {
@@ -140,3 +143,27 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     diff = a.astype(np.float64) - b.astype(np.float64)
     mse = float(np.mean(diff * diff))
     return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+def write_gulp_dir(
+    root: str,
+    lengths: dict[str, int],
+    labels: dict[str, str],
+    label2idx: dict[str, int],
+    per_chunk: int,
+) -> str:
+    """A gulp directory: video ``v<k>`` of ``lengths[v<k>]`` 72 x 56 frames (``VideoSpec`` seed k)
+    labelled ``labels[v<k>]`` (meta ``{"label", "fps": 12}``), ``per_chunk`` videos per chunk in
+    order, and ``label2idx.json`` beside them."""
+    ids = list(lengths)
+    for number, first in enumerate(range(0, len(ids), per_chunk)):
+        with ChunkBuilder(
+            os.path.join(root, f"data_{number}.gulp"), os.path.join(root, f"meta_{number}.gmeta")
+        ) as builder:
+            for id_ in ids[first : first + per_chunk]:
+                spec = VideoSpec(width=72, height=56, seed=int(id_[1:]))
+                frames = [frame_rgb(spec, i) for i in range(lengths[id_])]
+                builder.add(id_, {"label": labels[id_], "fps": 12}, frames)
+    with open(os.path.join(root, LABEL2IDX_FILE), "w") as f:
+        json.dump(label2idx, f)
+    return root

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from kohakuclip.gulp import LABEL2IDX_FILE, ChunkBuilder, GulpDirectory, GulpError
+from kohakuclip.gulp import LABEL2IDX_FILE, GulpDirectory, GulpError
 from kohakuclip.gulp.dataset import GulpImageDataset, GulpVideoDataset
 from kohakuclip.gulp.transforms import (
     CenterCrop,
@@ -19,7 +18,7 @@ from kohakuclip.gulp.transforms import (
     RandomCropVideo,
     Scale,
 )
-from tests.media import VideoSpec, frame_rgb
+from tests.media import write_gulp_dir
 
 LENGTHS = {"v0": 20, "v1": 9, "v2": 3, "v3": 14, "v4": 1}
 LABELS = {"v0": "jump", "v1": "run", "v2": "jump", "v3": "sit", "v4": "run"}
@@ -30,15 +29,7 @@ LABEL2IDX = {"jump": 0, "run": 1, "sit": 2}
 def gulp_dir(tmp_path_factory):
     """Five videos of different lengths over two chunks, and label2idx.json beside them."""
     root = tmp_path_factory.mktemp("gulp")
-    ids = list(LENGTHS)
-    for number, chunk_ids in enumerate((ids[:3], ids[3:])):
-        with ChunkBuilder(f"{root}/data_{number}.gulp", f"{root}/meta_{number}.gmeta") as b:
-            for id_ in chunk_ids:
-                spec = VideoSpec(width=72, height=56, seed=int(id_[1:]))
-                frames = [frame_rgb(spec, i) for i in range(LENGTHS[id_])]
-                b.add(id_, {"label": LABELS[id_], "fps": 12}, frames)
-    (root / LABEL2IDX_FILE).write_text(json.dumps(LABEL2IDX))
-    return str(root)
+    return write_gulp_dir(str(root), LENGTHS, LABELS, LABEL2IDX, per_chunk=3)
 
 
 def test_validation_clips_are_the_first_frames(gulp_dir):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import time
 from typing import Any
@@ -10,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kohakuclip.gulp import LABEL2IDX_FILE, ChunkBuilder, GulpError
+from kohakuclip.gulp import GulpError
 from kohakuclip.gulp.dataset import GulpImageDataset, GulpVideoDataset
 from kohakuclip.gulp.loader import DataLoader, collate
 from kohakuclip.gulp.transforms import ComposeVideo, RandHorFlipVideo, RandomCropVideo
-from tests.media import VideoSpec, frame_rgb
+from tests.media import write_gulp_dir
 
 LENGTHS = {f"v{i}": n for i, n in enumerate((12, 9, 15, 7, 11, 10, 14))}
 LABEL2IDX = {"a": 0, "b": 1, "c": 2}
@@ -25,15 +24,8 @@ WORKER_TIMEOUT = 120  # seconds: a hung worker fails the test
 def gulp_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Seven videos of 56 x 72 frames over two chunks, labelled a, b, c in turn."""
     root = tmp_path_factory.mktemp("gulp_loader")
-    ids = list(LENGTHS)
-    for number, chunk_ids in enumerate((ids[:4], ids[4:])):
-        with ChunkBuilder(f"{root}/data_{number}.gulp", f"{root}/meta_{number}.gmeta") as b:
-            for id_ in chunk_ids:
-                spec = VideoSpec(width=72, height=56, seed=int(id_[1:]))
-                frames = [frame_rgb(spec, i) for i in range(LENGTHS[id_])]
-                b.add(id_, {"label": "abc"[int(id_[1:]) % 3]}, frames)
-    (root / LABEL2IDX_FILE).write_text(json.dumps(LABEL2IDX))
-    return str(root)
+    labels = {id_: "abc"[k % 3] for k, id_ in enumerate(LENGTHS)}
+    return write_gulp_dir(str(root), LENGTHS, labels, LABEL2IDX, per_chunk=4)
 
 
 def training_set(gulp_dir: str, seed: int = 1) -> GulpVideoDataset:
