@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -169,3 +172,22 @@ def test_collate() -> None:
 def test_bad_arguments(gulp_dir: str, kw: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         DataLoader(GulpImageDataset(gulp_dir), **kw)
+
+
+def run_example(gulp_dir: str, workers: int) -> list[float]:
+    """examples/gulp_numpy_loop.py in its own process; the loss it printed per epoch."""
+    example = Path(__file__).parents[1] / "examples" / "gulp_numpy_loop.py"
+    cmd = [sys.executable, str(example), gulp_dir, "--epochs", "4", "--batch-size", "3"]
+    done = subprocess.run(
+        [*cmd, "--workers", str(workers)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 4 and all("3 batches" in line for line in lines)
+    return [float(line.split()[-1]) for line in lines]
+
+
+def test_numpy_training_example_is_the_same_with_workers(gulp_dir: str) -> None:
+    here = run_example(gulp_dir, 0)
+    assert here == run_example(gulp_dir, 2)
+    assert len(set(here)) == 4  # each epoch draws other clips and updates the model
