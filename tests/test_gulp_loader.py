@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import subprocess
 import sys
 import time
@@ -144,6 +145,58 @@ def test_an_abandoned_iteration_lets_its_workers_go(gulp_dir: str) -> None:
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not multiprocessing.active_children()
+
+
+class DiesAt(FailsAt):
+    """A dataset whose worker process dies (exit code 3) at item ``bad``."""
+
+    def __getitem__(self, index: int) -> Any:
+        if index == self.bad:
+            os._exit(3)
+        return self.dataset[index]
+
+
+def test_a_worker_that_dies_fails_the_iteration(gulp_dir: str) -> None:
+    loader = DataLoader(DiesAt(GulpImageDataset(gulp_dir), 5), batch_size=2, num_workers=2)
+    with pytest.raises(RuntimeError, match=r"gulp-loader-\d exited \(code 3\)"):
+        list(loader)
+
+
+CRASHING_SCRIPT = """
+import sys, time
+from kohakuclip.gulp.dataset import GulpImageDataset
+from kohakuclip.gulp.loader import DataLoader
+
+class Slow:
+    def __init__(self, dataset):
+        self.dataset = dataset
+    def __len__(self):
+        return len(self.dataset)
+    def __getitem__(self, index):
+        time.sleep(1.5)
+        return self.dataset[index]
+
+loader = DataLoader(Slow(GulpImageDataset(sys.argv[1])), batch_size=2, num_workers=2, prefetch=2)
+for batch in loader:
+    print("got a batch", flush=True)
+    raise SystemExit(7)  # the training loop stops with batches 2 and 3 still queued
+"""
+
+
+def test_a_stopping_script_does_not_wait_for_queued_batches(gulp_dir: str) -> None:
+    """Waiting for the queued batches would take 3 s more (2 batches of 3 s on 2 workers); the
+    script exits at once, with its own exit code."""
+    script = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_SCRIPT, gulp_dir],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert script.stdout is not None
+    assert script.stdout.readline() == "got a batch\n"
+    stopped = time.monotonic()
+    assert script.wait(timeout=60) == 7, script.stderr.read() if script.stderr else ""
+    assert time.monotonic() - stopped < 1.5
 
 
 def test_collate() -> None:

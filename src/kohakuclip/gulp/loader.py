@@ -4,17 +4,19 @@
 DataLoader``, with the same arguments (``batch_size``, ``shuffle``, ``num_workers``,
 ``drop_last``). Batch ``b`` of epoch ``e`` is a pure function of (seed, e, b): the order is a
 permutation seeded from (seed, epoch) and the items' own randomness comes from the dataset's
-``set_epoch``, so any number of workers gives the same batches. Workers are processes (a
-``ProcessPoolExecutor``): a worker that dies fails the iteration instead of hanging it.
+``set_epoch``, so any number of workers gives the same batches. Workers are daemon processes:
+one that dies fails the iteration instead of hanging it, and a script that stops (an exception
+in the training loop included) takes them down at once instead of waiting for queued batches.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-from collections import deque
+import pickle
+import queue
+import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
@@ -51,14 +53,6 @@ def collate(items: Sequence[Any]) -> Any:
     return list(items)
 
 
-_worker_dataset: Any = None
-
-
-def _start_worker(dataset: Any) -> None:
-    global _worker_dataset
-    _worker_dataset = dataset
-
-
 def _load(
     dataset: Any, indices: list[int], epoch: int, collate_fn: Callable[[list[Any]], Any]
 ) -> Any:
@@ -69,8 +63,23 @@ def _load(
     return collate_fn([dataset[i] for i in indices])
 
 
-def _load_in_worker(indices: list[int], epoch: int, collate_fn: Callable[[list[Any]], Any]) -> Any:
-    return _load(_worker_dataset, indices, epoch, collate_fn)
+class _RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker (its ``__cause__`` in this process)."""
+
+
+def _work(dataset: Any, collate_fn: Callable[[list[Any]], Any], tasks: Any, results: Any) -> None:
+    """A worker process: (batch, indices, epoch) tasks in, (batch, ok, batch or error) out."""
+    while (task := tasks.get()) is not None:
+        batch, indices, epoch = task
+        try:
+            results.put((batch, True, _load(dataset, indices, epoch, collate_fn)))
+        except Exception as exc:
+            text = traceback.format_exc()
+            try:
+                pickle.dumps(exc)
+            except Exception:
+                exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+            results.put((batch, False, (exc, text)))
 
 
 class DataLoader:
@@ -168,30 +177,57 @@ class DataLoader:
         return self._from_workers(epoch)
 
     def _from_workers(self, epoch: int) -> Iterator[Any]:
-        context = self.multiprocessing_context
+        context: Any = self.multiprocessing_context
         if context is None or isinstance(context, str):
             context = multiprocessing.get_context(context)
-        pool = ProcessPoolExecutor(
-            self.num_workers,
-            mp_context=context,
-            initializer=_start_worker,
-            initargs=(self.dataset,),
-        )
-        pending: deque[tuple[int, Future[Any]]] = deque()
+        tasks, results = context.Queue(), context.Queue()
+        tasks.cancel_join_thread()  # never wait at exit to hand tasks nobody will take
+        args = (self.dataset, self.collate_fn, tasks, results)
+        workers = [
+            context.Process(target=_work, args=args, daemon=True, name=f"gulp-loader-{k}")
+            for k in range(self.num_workers)
+        ]
+        for worker in workers:
+            worker.start()
+        batches = self.batches(epoch)
+        arrived: dict[int, tuple[bool, Any]] = {}
+        sent = 0
         try:
-            for b, indices in enumerate(self.batches(epoch)):
-                pending.append((b, pool.submit(_load_in_worker, indices, epoch, self.collate_fn)))
-                if len(pending) >= self.num_workers * self.prefetch:
-                    yield self._result(*pending.popleft(), epoch)
-            while pending:
-                yield self._result(*pending.popleft(), epoch)
+            for b in range(len(batches)):
+                while sent < min(len(batches), b + self.num_workers * self.prefetch):
+                    tasks.put((sent, batches[sent], epoch))
+                    sent += 1
+                deadline = time.monotonic() + self.timeout if self.timeout else None
+                while b not in arrived:
+                    got, ok, value = self._receive(results, workers, b, epoch, deadline)
+                    arrived[got] = (ok, value)
+                ok, value = arrived.pop(b)
+                if not ok:
+                    error, text = value
+                    raise error from _RemoteTraceback(text)
+                yield value
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            for worker in workers:
+                worker.terminate()
+            for worker in workers:
+                worker.join(timeout=10)
 
-    def _result(self, batch: int, job: Future[Any], epoch: int) -> Any:
-        try:
-            return job.result(timeout=self.timeout or None)
-        except FutureTimeout:
-            raise TimeoutError(
-                f"batch {batch} of epoch {epoch} took longer than timeout={self.timeout} s"
-            ) from None
+    def _receive(
+        self, results: Any, workers: list[Any], batch: int, epoch: int, deadline: float | None
+    ) -> tuple[int, bool, Any]:
+        """The next result of any worker; raises when a worker died or ``timeout`` passed."""
+        while True:
+            try:
+                return results.get(timeout=0.2)
+            except queue.Empty:
+                pass
+            dead = [w for w in workers if w.exitcode is not None]
+            if dead:
+                raise RuntimeError(
+                    f"DataLoader worker {dead[0].name} exited (code {dead[0].exitcode}) "
+                    f"while loading epoch {epoch}"
+                )
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"batch {batch} of epoch {epoch} took longer than timeout={self.timeout} s"
+                )
