@@ -11,7 +11,8 @@ same items; per batch the order alternates. On a shared machine this is the stea
 comparison: both see the same moments of its noise, each batch a fraction of a second apart.
 Prints CPU ms per output frame (process CPU time while each reads) and wall ms x threads, and
 for ours / 1.0.0 a 95 % interval: the batches resampled with replacement (a bootstrap of the
-ratio of sums), so a cell's noise shows beside its value; more ``--rounds`` narrow it.
+ratio of sums), so a cell's noise within the run shows beside its value (more ``--rounds``
+narrow it; the machine's drift between runs is not in it).
 ``--naive`` adds a third contender, the naive PyAV loop (open, seek, decode to the last wanted
 frame, ``to_ndarray`` RGB, short-side crop, OpenCV area resize; one clip per thread at a time),
 the baseline for mp4 folders (e.g. benchmarks/busy_trainer.py's H.264 folders at GOP 16 and 250
@@ -143,7 +144,13 @@ class TorchCodec(NaivePyAV):
 
 
 def ratio_interval(ours: list[float], ref: list[float], draws: int = 4000) -> tuple[float, float]:
-    """A 95 % bootstrap interval of ``sum(ours) / sum(ref)``, batches (pairs) resampled."""
+    """A 95 % bootstrap interval of ``sum(ours) / sum(ref)``, batches (pairs) resampled.
+
+    Args:
+        ours: our CPU seconds per batch.
+        ref: the reference's, for the same batches in the same order.
+        draws: bootstrap resamples.
+    """
     import numpy as np
 
     pairs = np.array([ours, ref])

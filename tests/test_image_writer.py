@@ -430,3 +430,7 @@ def test_av1_names_the_avif_codec(tmp_path):
         encode_pixels(photo(64, 64, seed=72), "av1").data
         == encode_pixels(photo(64, 64, seed=72), "avif").data
     )
+    png = io.BytesIO()
+    Image.fromarray(photo(100, 120, seed=73)).save(png, format="PNG")
+    both = [encode_image(png.getvalue(), codec=c, min_short=0) for c in ("av1", "avif")]
+    assert both[0].data == both[1].data and both[0].codec == "av1"

@@ -359,8 +359,10 @@ class BatchDataset(IterableDataset):
     # --- iteration ----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
-        """Batches ``start, start + 1, ...``, pinned when CUDA is available; in a DataLoader
-        worker, its share of them, unpinned (the DataLoader pins what it hands over)."""
+        """Batches ``start, start + 1, ...``, pinned when CUDA is available (pinning creates a
+        CUDA context on the current device: under DDP, call ``torch.cuda.set_device`` first);
+        in a DataLoader worker, its share of them, unpinned (``pin_memory=True`` makes the
+        DataLoader pin them)."""
         info = get_worker_info()
         if info is None:
             return self._stream(self._start, 1, 2, pin=torch.cuda.is_available())

@@ -14,9 +14,11 @@ from __future__ import annotations
 import multiprocessing
 import pickle
 import queue
+import signal
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from multiprocessing.context import BaseContext
 from typing import Any
 
 import numpy as np
@@ -49,6 +51,8 @@ def collate(items: Sequence[Any]) -> Any:
         if any(len(item) != len(first) for item in items):
             raise GulpError("cannot collate sequences of different lengths")
         fields = [collate(list(column)) for column in zip(*items)]
+        if hasattr(first, "_fields"):  # a namedtuple keeps its type
+            return type(first)(*fields)
         return tuple(fields) if isinstance(first, tuple) else fields
     return list(items)
 
@@ -67,19 +71,38 @@ class _RemoteTraceback(Exception):
     """The traceback of an exception raised in a worker (its ``__cause__`` in this process)."""
 
 
+def _pickled_error(exc: Exception) -> bytes:
+    """``exc`` pickled, or a RuntimeError naming it where it does not survive a round trip."""
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+    except Exception:
+        data = pickle.dumps(RuntimeError(f"{type(exc).__name__}: {exc}"))
+    return data
+
+
 def _work(dataset: Any, collate_fn: Callable[[list[Any]], Any], tasks: Any, results: Any) -> None:
-    """A worker process: (batch, indices, epoch) tasks in, (batch, ok, batch or error) out."""
-    while (task := tasks.get()) is not None:
-        batch, indices, epoch = task
+    """A worker process: (batch, indices, epoch) tasks in, (batch, ok, pickled batch or error,
+    traceback) out. Batches are pickled here, where a failure can still be reported (a queue
+    pickles in a background thread that drops what it cannot send). Stopping is the loader's:
+    SIGTERM takes its default action and Ctrl-C is ignored (a training script's handlers,
+    inherited through a fork, must not keep a worker alive), and a worker whose loader's
+    process is gone returns."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = multiprocessing.parent_process()
+    while True:
         try:
-            results.put((batch, True, _load(dataset, indices, epoch, collate_fn)))
+            batch, indices, epoch = tasks.get(timeout=1.0)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                return
+            continue
+        try:
+            loaded = _load(dataset, indices, epoch, collate_fn)
+            results.put((batch, True, pickle.dumps(loaded, pickle.HIGHEST_PROTOCOL), ""))
         except Exception as exc:
-            text = traceback.format_exc()
-            try:
-                pickle.dumps(exc)
-            except Exception:
-                exc = RuntimeError(f"{type(exc).__name__}: {exc}")
-            results.put((batch, False, (exc, text)))
+            results.put((batch, False, _pickled_error(exc), traceback.format_exc()))
 
 
 class DataLoader:
@@ -90,8 +113,8 @@ class DataLoader:
     starts and transforms change per epoch, in every worker alike.
 
     Args:
-        dataset: the dataset; with workers, it is sent to them once (pickled, or inherited
-            through a fork).
+        dataset: the dataset; with workers, each iteration starts its own, which get the
+            dataset through a fork or pickled ("spawn", "forkserver": a start-up per epoch).
         batch_size: items per batch.
         shuffle: visit the items in a seeded random order, a new one per epoch.
         num_workers: worker processes (0: load in this process).
@@ -100,7 +123,8 @@ class DataLoader:
             uint8 [B, ...] array and an int64 [B] array).
         seed: seed of the shuffled order.
         prefetch: batches in flight per worker.
-        timeout: seconds to wait for a worker's batch (0: forever).
+        timeout: seconds to wait for a worker's batch, the workers' start-up included for
+            the first (0: forever).
         multiprocessing_context: how workers start ("fork", "spawn", "forkserver" or a
             context; None: the platform's default).
     """
@@ -117,7 +141,7 @@ class DataLoader:
         seed: int = 0,
         prefetch: int = 2,
         timeout: float = 0,
-        multiprocessing_context: str | Any = None,
+        multiprocessing_context: str | BaseContext | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -177,44 +201,49 @@ class DataLoader:
         return self._from_workers(epoch)
 
     def _from_workers(self, epoch: int) -> Iterator[Any]:
+        batches = self.batches(epoch)
+        if not batches:
+            return
         context: Any = self.multiprocessing_context
         if context is None or isinstance(context, str):
             context = multiprocessing.get_context(context)
         tasks, results = context.Queue(), context.Queue()
         tasks.cancel_join_thread()  # never wait at exit to hand tasks nobody will take
         args = (self.dataset, self.collate_fn, tasks, results)
-        workers = [
-            context.Process(target=_work, args=args, daemon=True, name=f"gulp-loader-{k}")
-            for k in range(self.num_workers)
-        ]
-        for worker in workers:
-            worker.start()
-        batches = self.batches(epoch)
-        arrived: dict[int, tuple[bool, Any]] = {}
+        workers: list[Any] = []
+        arrived: dict[int, tuple[bool, bytes, str]] = {}
         sent = 0
         try:
+            for k in range(self.num_workers):
+                worker = context.Process(
+                    target=_work, args=args, daemon=True, name=f"gulp-loader-{k}"
+                )
+                worker.start()
+                workers.append(worker)
             for b in range(len(batches)):
                 while sent < min(len(batches), b + self.num_workers * self.prefetch):
                     tasks.put((sent, batches[sent], epoch))
                     sent += 1
                 deadline = time.monotonic() + self.timeout if self.timeout else None
                 while b not in arrived:
-                    got, ok, value = self._receive(results, workers, b, epoch, deadline)
-                    arrived[got] = (ok, value)
-                ok, value = arrived.pop(b)
+                    got, ok, data, text = self._receive(results, workers, b, epoch, deadline)
+                    arrived[got] = (ok, data, text)
+                ok, data, text = arrived.pop(b)
                 if not ok:
-                    error, text = value
-                    raise error from _RemoteTraceback(text)
-                yield value
+                    raise pickle.loads(data) from _RemoteTraceback(text)
+                yield pickle.loads(data)
         finally:
             for worker in workers:
                 worker.terminate()
             for worker in workers:
-                worker.join(timeout=10)
+                worker.join(timeout=5)
+                if worker.exitcode is None:
+                    worker.kill()
+                    worker.join()
 
     def _receive(
         self, results: Any, workers: list[Any], batch: int, epoch: int, deadline: float | None
-    ) -> tuple[int, bool, Any]:
+    ) -> tuple[int, bool, bytes, str]:
         """The next result of any worker; raises when a worker died or ``timeout`` passed."""
         while True:
             try:

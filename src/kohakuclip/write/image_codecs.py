@@ -83,7 +83,11 @@ class Encoded:
 
 
 def storage_codec(name: str) -> str:
-    """The storage codec ``name`` stands for (``CODEC_ALIASES`` resolved)."""
+    """The storage codec ``name`` stands for (``CODEC_ALIASES`` resolved).
+
+    Args:
+        name: a storage codec or one of its aliases.
+    """
     return CODEC_ALIASES.get(name, name)
 
 

@@ -94,7 +94,7 @@ def encode_image(
 
     Args:
         source: the image file's path, or its bytes.
-        codec: the stored format: ``jpeg``, ``avif``, ``jxl`` or ``webp``.
+        codec: the stored format: ``jpeg``, ``avif`` (or ``av1``), ``jxl`` or ``webp``.
         quality: encoder quality, 0-100.
         max_short: cap on the short side (0: none), never upscaled.
         min_short: an image whose short side is smaller is skipped.
@@ -105,6 +105,7 @@ def encode_image(
         ImageSkip: an image that would not be stored (``reason`` "too small", "corrupt" or
             "empty").
     """
+    codec = storage_codec(codec)
     check_codec(codec, jpeg_encoder)
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
