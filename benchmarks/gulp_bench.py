@@ -11,7 +11,7 @@ side at ``--store`` pixels. Then reads batches of ``--batch`` clips of ``--clip`
 ``--fps``, random crops of ``--size``:
 
 - gulp: ``GulpVideoDataset`` + ``ComposeVideo([Scale], [RandomCropVideo])`` + torch's DataLoader
-  (``--workers`` processes each);
+  and ``kohakuclip.gulp.loader.DataLoader`` (numpy, GulpIO's), ``--workers`` processes each;
 - AV1: ``kohakuclip.torch.ClipDataset`` + ``ClipLoader`` (in process, ``--threads`` threads),
   when those modules are available;
 - ``kohakuclip.Reader`` (in process, ``--threads`` threads, the same seeded clips) on both gulp
@@ -128,15 +128,40 @@ def time_batches(batches: Any, count: int, batch: int) -> tuple[float, float]:
     return count * batch / wall, cpu * 1000 / (count * batch)
 
 
-def gulp_rate(args: argparse.Namespace, path: str, step: int, workers: int) -> tuple[float, float]:
-    from torch.utils.data import DataLoader
+class Drawn:
+    """A dataset's items at ``indices`` (random draws with replacement): one long epoch, so the
+    numpy loader's workers start once, as the torch loader's persistent ones do."""
 
+    def __init__(self, dataset: Any, indices: list[int]) -> None:
+        self.dataset, self.indices = dataset, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[self.indices[index]]
+
+
+def gulp_rate(
+    args: argparse.Namespace, path: str, step: int, workers: int, loader_kind: str
+) -> tuple[float, float]:
+    """clips/s and CPU ms per clip through torch's DataLoader or kohakuclip.gulp.loader's."""
     transform = ComposeVideo([Scale(args.size)], [RandomCropVideo(args.size)])
     dataset = GulpVideoDataset(path, args.clip, step, is_val=False, transform=transform)
+    draws = np.random.default_rng(0).integers(0, len(dataset), (args.batches + 1) * args.batch)
+    if loader_kind == "numpy":
+        from kohakuclip.gulp.loader import DataLoader as NumpyLoader
+
+        drawn = Drawn(dataset, draws.tolist())
+        return time_batches(
+            NumpyLoader(drawn, args.batch, num_workers=workers), args.batches, args.batch
+        )
+    from torch.utils.data import DataLoader
+
     loader = DataLoader(
         dataset,
         batch_size=args.batch,
-        sampler=np.random.default_rng(0).integers(0, len(dataset), 10**6).tolist(),
+        sampler=draws.tolist(),
         num_workers=workers,
         persistent_workers=workers > 0,
     )
@@ -228,11 +253,11 @@ def main() -> None:
     for _ in range(args.rounds):  # interleaved rounds: load from elsewhere hits every row alike
         for label, (path, step) in stores.items():
             for workers in args.workers if args.gulp_loader else []:
-                rate, cpu = gulp_rate(args, path, step, workers)
-                cpu_text = f"{cpu:.1f}" if workers == 0 else "-"
-                rows.append(
-                    (f"{label}, DataLoader {workers} workers", folder_bytes(path), rate, cpu_text)
-                )
+                for kind in ("torch", "numpy"):
+                    rate, cpu = gulp_rate(args, path, step, workers, kind)
+                    cpu_text = f"{cpu:.1f}" if workers == 0 else "-"
+                    name = f"{label}, {kind} DataLoader {workers} workers"
+                    rows.append((name, folder_bytes(path), rate, cpu_text))
             rate, cpu = reader_rate(args, path)
             rows.append((f"{label}, Reader {args.threads} threads", folder_bytes(path), rate,
                          f"{cpu:.1f}"))  # fmt: skip
