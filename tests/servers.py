@@ -84,10 +84,13 @@ def _stop(process: subprocess.Popen[bytes], grace: float = 1.0) -> None:
     process.wait(10)
 
 
-def _normal_scheduling() -> None:
-    """The server under SCHED_OTHER whatever its parent runs under (see conftest.py): Go's
-    spinning scheduler threads livelock under a real-time policy."""
-    if os.sched_getscheduler(0) != os.SCHED_OTHER:
+def normal_scheduling_here() -> None:
+    """Back to SCHED_OTHER if this thread runs under a real-time policy. SVT-AV1 moves the
+    thread that opens it to SCHED_FIFO 99 when run as root (``kohakuclip.write.scheduling``
+    undoes it where we open encoders); a test that opened one unguarded would leave its worker
+    real-time, and there any thread that spin-waits (BLAS workers, Go's scheduler in the S3
+    server, which also starts under it) starves the thread it waits for and the run livelocks."""
+    if hasattr(os, "sched_getscheduler") and os.sched_getscheduler(0) != os.SCHED_OTHER:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
@@ -113,7 +116,7 @@ def _start_weed(directory: str, ready_within: float) -> S3Server:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=directory,
-            preexec_fn=_normal_scheduling,
+            preexec_fn=normal_scheduling_here,
         )
     server = S3Server(f"http://127.0.0.1:{s3}", process, log_path)
     deadline = time.monotonic() + ready_within
