@@ -128,20 +128,6 @@ def time_batches(batches: Any, count: int, batch: int) -> tuple[float, float]:
     return count * batch / wall, cpu * 1000 / (count * batch)
 
 
-class Drawn:
-    """A dataset's items at ``indices`` (random draws with replacement): one long epoch, so the
-    numpy loader's workers start once, as the torch loader's persistent ones do."""
-
-    def __init__(self, dataset: Any, indices: list[int]) -> None:
-        self.dataset, self.indices = dataset, indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, index: int) -> Any:
-        return self.dataset[self.indices[index]]
-
-
 def gulp_rate(
     args: argparse.Namespace, path: str, step: int, workers: int, loader_kind: str
 ) -> tuple[float, float]:
@@ -152,10 +138,8 @@ def gulp_rate(
     if loader_kind == "numpy":
         from kohakuclip.gulp.loader import DataLoader as NumpyLoader
 
-        drawn = Drawn(dataset, draws.tolist())
-        return time_batches(
-            NumpyLoader(drawn, args.batch, num_workers=workers), args.batches, args.batch
-        )
+        loader = NumpyLoader(dataset, args.batch, sampler=draws.tolist(), num_workers=workers)
+        return time_batches(loader, args.batches, args.batch)
     from torch.utils.data import DataLoader
 
     loader = DataLoader(

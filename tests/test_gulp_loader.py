@@ -92,6 +92,23 @@ def test_shuffled_epochs_visit_every_item_once_in_a_new_order(gulp_dir: str) -> 
         assert_same(got, [expected_batch(dataset, epoch, i) for i in loader.batches(epoch)])
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_samplers_choose_the_items(gulp_dir: str, workers: int) -> None:
+    dataset = GulpImageDataset(gulp_dir)
+    drawn = [6, 6, 0, 3, 5]  # with repeats, as weighted draws give
+    by_sampler = DataLoader(dataset, 2, sampler=drawn, num_workers=workers)
+    assert len(by_sampler) == 3 and by_sampler.batches(0) == [[6, 6], [0, 3], [5]]
+    assert_same(list(by_sampler), [expected_batch(dataset, 0, b) for b in ([6, 6], [0, 3], [5])])
+    groups = [[1, 2, 3], [4], [0, 6]]
+    by_batches = DataLoader(dataset, batch_sampler=groups, num_workers=workers)
+    assert len(by_batches) == 3
+    assert_same(list(by_batches), [expected_batch(dataset, 0, b) for b in groups])
+    with pytest.raises(ValueError, match="shuffle=True or a sampler"):
+        DataLoader(dataset, shuffle=True, sampler=drawn)
+    with pytest.raises(ValueError, match="batch_sampler replaces"):
+        DataLoader(dataset, 2, batch_sampler=groups)
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_workers_give_the_batches_of_one_process(gulp_dir: str, context: str) -> None:
     """Each iteration is the next epoch, with the same draws in workers as in this process."""

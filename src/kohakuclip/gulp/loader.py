@@ -17,7 +17,7 @@ import queue
 import signal
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -117,6 +117,10 @@ class DataLoader:
             dataset through a fork or pickled ("spawn", "forkserver": a start-up per epoch).
         batch_size: items per batch.
         shuffle: visit the items in a seeded random order, a new one per epoch.
+        sampler: the item indices in the order to visit them, drawn again each epoch (instead
+            of ``shuffle``), e.g. weighted draws for class balance.
+        batch_sampler: each epoch's batches as lists of indices (instead of ``batch_size``,
+            ``shuffle``, ``sampler`` and ``drop_last``).
         num_workers: worker processes (0: load in this process).
         drop_last: leave out the last batch when it has fewer than ``batch_size`` items.
         collate_fn: items to a batch (default ``collate``: (frames, label) items become a
@@ -135,6 +139,8 @@ class DataLoader:
         batch_size: int = 1,
         shuffle: bool = False,
         *,
+        sampler: Iterable[int] | None = None,
+        batch_sampler: Iterable[Sequence[int]] | None = None,
         num_workers: int = 0,
         drop_last: bool = False,
         collate_fn: Callable[[list[Any]], Any] = collate,
@@ -151,7 +157,13 @@ class DataLoader:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         if timeout < 0:
             raise ValueError(f"timeout must be >= 0, got {timeout}")
+        if sampler is not None and shuffle:
+            raise ValueError("give shuffle=True or a sampler, not both")
+        if batch_sampler is not None and (batch_size != 1 or shuffle or sampler or drop_last):
+            raise ValueError("batch_sampler replaces batch_size, shuffle, sampler and drop_last")
         self.dataset = dataset
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.num_workers = num_workers
@@ -164,8 +176,10 @@ class DataLoader:
         self.epoch = 0
 
     def __len__(self) -> int:
-        """Batches per epoch."""
-        n = len(self.dataset)
+        """Batches per epoch (with a sampler or batch sampler: as many as it has a length for)."""
+        if self.batch_sampler is not None:
+            return len(self.batch_sampler)  # type: ignore[arg-type]
+        n = len(self.sampler if self.sampler is not None else self.dataset)  # type: ignore[arg-type]
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
@@ -182,13 +196,20 @@ class DataLoader:
         Args:
             epoch: the epoch number.
         """
-        n = len(self.dataset)
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch]).permutation(n).tolist()
+        if self.batch_sampler is not None:
+            return [[int(i) for i in batch] for batch in self.batch_sampler]
+        if self.sampler is not None:
+            order = [int(i) for i in self.sampler]
+        elif self.shuffle:
+            order = (
+                np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset)).tolist()
+            )
         else:
-            order = list(range(n))
-        starts = range(0, len(self) * self.batch_size, self.batch_size)
-        return [order[i : i + self.batch_size] for i in starts]
+            order = list(range(len(self.dataset)))
+        size = self.batch_size
+        if self.drop_last:
+            order = order[: len(order) // size * size]
+        return [order[i : i + size] for i in range(0, len(order), size)]
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self.epoch
