@@ -39,7 +39,6 @@ __all__ = [
     "check_codec",
     "encode_pixels",
     "quality_table",
-    "storage_codec",
 ]
 
 
@@ -82,17 +81,10 @@ class Encoded:
     suffix: str  # member name suffix
 
 
-def storage_codec(name: str) -> str:
-    """The storage codec ``name`` stands for (``CODEC_ALIASES`` resolved).
-
-    Args:
-        name: a storage codec or one of its aliases.
-    """
-    return CODEC_ALIASES.get(name, name)
-
-
-def check_codec(codec: str, jpeg_encoder: str = "tuned") -> None:
-    """Raise ValueError for an unknown codec or JPEG encoder, or one whose package is missing."""
+def check_codec(codec: str, jpeg_encoder: str = "tuned") -> str:
+    """The storage codec ``codec`` names (``CODEC_ALIASES`` resolved); ValueError for an unknown
+    codec or JPEG encoder, or one whose package is missing."""
+    codec = CODEC_ALIASES.get(codec, codec)
     if codec not in STORAGE_CODECS:
         raise ValueError(f"unknown storage codec {codec!r}; one of {', '.join(STORAGE_CODECS)}")
     if jpeg_encoder not in JPEG_ENCODERS:
@@ -109,6 +101,7 @@ def check_codec(codec: str, jpeg_encoder: str = "tuned") -> None:
             import pyjpegli  # noqa: F401
         except ImportError:
             raise ValueError("--jpeg-encoder jpegli needs the pyjpegli package") from None
+    return codec
 
 
 def quality_table(quality: int) -> list[int]:
@@ -127,8 +120,7 @@ def encode_pixels(
 ) -> Encoded:
     """Encode uint8 [H, W, 3] RGB or [H, W] gray pixels for storage (``codec`` may be an alias,
     see ``CODEC_ALIASES``)."""
-    codec = storage_codec(codec)
-    check_codec(codec, jpeg_encoder)
+    codec = check_codec(codec, jpeg_encoder)
     pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
     gray = pixels.ndim == 2
     if codec == "jpeg":

@@ -41,7 +41,6 @@ from kohakuclip.write.image_codecs import (
     Encoded,
     check_codec,
     encode_pixels,
-    storage_codec,
 )
 from kohakuclip.write.image_prepare import Backend, ImageSkip, prepare
 from kohakuclip.write.image_sources import SourceImage, iter_sources
@@ -105,8 +104,7 @@ def encode_image(
         ImageSkip: an image that would not be stored (``reason`` "too small", "corrupt" or
             "empty").
     """
-    codec = storage_codec(codec)
-    check_codec(codec, jpeg_encoder)
+    codec = check_codec(codec, jpeg_encoder)
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
     else:
@@ -311,8 +309,7 @@ def write_images(
     Raises:
         ValueError: an invalid setting, or a codec whose package is missing.
     """
-    codec = storage_codec(codec)
-    check_codec(codec, jpeg_encoder)
+    codec = check_codec(codec, jpeg_encoder)
     if per_shard < 1:
         raise ValueError(f"per_shard must be >= 1, got {per_shard}")
     if backend not in ("native", "pillow"):
