@@ -103,6 +103,10 @@ def test_samplers_choose_the_items(gulp_dir: str, workers: int) -> None:
     by_batches = DataLoader(dataset, batch_sampler=groups, num_workers=workers)
     assert len(by_batches) == 3
     assert_same(list(by_batches), [expected_batch(dataset, 0, b) for b in groups])
+    as_array = DataLoader(dataset, 2, sampler=np.array(drawn))  # any iterable of indices
+    assert as_array.batches(0) == by_sampler.batches(0)
+    with pytest.raises(ValueError, match="batch_sampler replaces"):
+        DataLoader(dataset, sampler=[], batch_sampler=groups)  # an empty sampler is given too
     with pytest.raises(ValueError, match="shuffle=True or a sampler"):
         DataLoader(dataset, shuffle=True, sampler=drawn)
     with pytest.raises(ValueError, match="batch_sampler replaces"):

@@ -159,7 +159,8 @@ class DataLoader:
             raise ValueError(f"timeout must be >= 0, got {timeout}")
         if sampler is not None and shuffle:
             raise ValueError("give shuffle=True or a sampler, not both")
-        if batch_sampler is not None and (batch_size != 1 or shuffle or sampler or drop_last):
+        others = batch_size != 1 or shuffle or sampler is not None or drop_last
+        if batch_sampler is not None and others:
             raise ValueError("batch_sampler replaces batch_size, shuffle, sampler and drop_last")
         self.dataset = dataset
         self.sampler = sampler
