@@ -176,6 +176,60 @@ def test_an_abandoned_iteration_lets_its_workers_go(gulp_dir: str) -> None:
     assert not multiprocessing.active_children()  # closing joined them
 
 
+class WorkerPid(FailsAt):
+    """Items that say which process loaded them, beside the dataset's own."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def __getitem__(self, index: int) -> Any:
+        frames, label = self.dataset[index]
+        return frames, label, os.getpid()
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_serve_every_epoch(gulp_dir: str, context: str) -> None:
+    """The same batches as in this process, epoch after epoch, from the same worker processes;
+    an epoch left half-way leaves the next one whole; ``close`` stops them."""
+    here = DataLoader(training_set(gulp_dir), batch_size=3, shuffle=True)
+    straight = [list(here) for _ in range(3)]
+    loader = DataLoader(
+        WorkerPid(training_set(gulp_dir), -1),
+        batch_size=3,
+        shuffle=True,
+        num_workers=2,
+        timeout=WORKER_TIMEOUT,
+        multiprocessing_context=context,
+        persistent_workers=True,
+    )
+    first = list(loader)
+    pids = {int(pid) for *_, batch_pids in first for pid in batch_pids}
+    assert pids <= {p.pid for p in multiprocessing.active_children()} and pids
+    assert_same([(f, lab) for f, lab, _ in first], straight[0])
+    abandoned = iter(loader)
+    next(abandoned)
+    abandoned.close()  # type: ignore[attr-defined]
+    loader.set_epoch(1)
+    again = list(loader)
+    assert_same([(f, lab) for f, lab, _ in again], straight[1])
+    assert {int(pid) for *_, batch_pids in again for pid in batch_pids} <= pids
+    loader.close()
+    assert not multiprocessing.active_children()
+    assert_same([(f, lab) for f, lab, _ in loader], straight[2])  # new workers
+    loader.close()
+
+
+def test_a_new_iteration_replaces_an_unfinished_persistent_one(gulp_dir: str) -> None:
+    dataset = GulpImageDataset(gulp_dir)
+    loader = DataLoader(dataset, batch_size=1, num_workers=1, persistent_workers=True)
+    old = iter(loader)
+    next(old)
+    assert [labels.tolist() for _, labels in loader] == [[0], [1], [2], [0], [1], [2], [0]]
+    with pytest.raises(RuntimeError, match="a newer iteration"):
+        next(old)
+    loader.close()
+
+
 class DiesAt(FailsAt):
     """A dataset whose worker process dies (exit code 3) at item ``bad``."""
 
@@ -185,10 +239,16 @@ class DiesAt(FailsAt):
         return self.dataset[index]
 
 
-def test_a_worker_that_dies_fails_the_iteration(gulp_dir: str) -> None:
-    loader = DataLoader(DiesAt(GulpImageDataset(gulp_dir), 5), batch_size=2, num_workers=2)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_worker_that_dies_fails_the_iteration(gulp_dir: str, persistent: bool) -> None:
+    dataset = DiesAt(GulpImageDataset(gulp_dir), 5)
+    loader = DataLoader(dataset, batch_size=2, num_workers=2, persistent_workers=persistent)
     with pytest.raises(RuntimeError, match=r"gulp-loader-\d exited \(code 3\)"):
         list(loader)
+    assert not multiprocessing.active_children()
+    dataset.bad = -1  # persistent or not, the next epoch starts workers that have it
+    assert len(list(loader)) == 4
+    loader.close()
 
 
 class Slow(FailsAt):
@@ -256,18 +316,22 @@ class Slow:
 
 signal.signal(signal.SIGTERM, lambda *_: None)  # a training script's handler, forked along
 dataset = Slow(GulpImageDataset(sys.argv[1]))
-loader = DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context="fork")
+persistent = sys.argv[2] == "persistent"
+loader = DataLoader(
+    dataset, 2, num_workers=2, multiprocessing_context="fork", persistent_workers=persistent
+)
 for batch in loader:
     print(time.time(), flush=True)
     raise SystemExit(7)  # the training loop stops with batches 2 and 3 still queued
 """
 
 
-def test_a_stopping_script_does_not_wait_for_queued_batches(gulp_dir: str) -> None:
+@pytest.mark.parametrize("workers", ["per-epoch", "persistent"])
+def test_a_stopping_script_does_not_wait_for_queued_batches(gulp_dir: str, workers: str) -> None:
     """Waiting for the queued batches would take 4 s more (2 batches of 4 s on 2 workers); the
     script exits at once with its own exit code, its SIGTERM handler notwithstanding."""
     done = subprocess.run(
-        [sys.executable, "-c", STOPPING_SCRIPT, gulp_dir],
+        [sys.executable, "-c", STOPPING_SCRIPT, gulp_dir, workers],
         capture_output=True,
         text=True,
         timeout=120,
@@ -337,6 +401,7 @@ def test_collate() -> None:
         (dict(num_workers=-1), "num_workers"),
         (dict(prefetch=0), "prefetch"),
         (dict(timeout=-1), "timeout"),
+        (dict(persistent_workers=True), "persistent_workers needs num_workers"),
     ],
 )
 def test_bad_arguments(gulp_dir: str, kw: dict, match: str) -> None:

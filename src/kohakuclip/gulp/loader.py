@@ -7,6 +7,8 @@ permutation seeded from (seed, epoch) and the items' own randomness comes from t
 ``set_epoch``, so any number of workers gives the same batches. Workers are daemon processes:
 one that dies fails the iteration instead of hanging it, and a script that stops (an exception
 in the training loop included) takes them down at once instead of waiting for queued batches.
+They start per epoch, or once with ``persistent_workers`` (what "spawn" and "forkserver", which
+import everything again in each worker, save most on).
 """
 
 from __future__ import annotations
@@ -82,27 +84,73 @@ def _pickled_error(exc: Exception) -> bytes:
 
 
 def _work(dataset: Any, collate_fn: Callable[[list[Any]], Any], tasks: Any, results: Any) -> None:
-    """A worker process: (batch, indices, epoch) tasks in, (batch, ok, pickled batch or error,
-    traceback) out. Batches are pickled here, where a failure can still be reported (a queue
-    pickles in a background thread that drops what it cannot send). Stopping is the loader's:
-    SIGTERM takes its default action and Ctrl-C is ignored (a training script's handlers,
-    inherited through a fork, must not keep a worker alive), and a worker whose loader's
-    process is gone returns."""
+    """A worker process: (run, batch, indices, epoch) tasks in, (run, batch, ok, pickled batch
+    or error, traceback) out (``run`` numbers the loader's iterations, so that a persistent
+    worker's results of an abandoned one are told apart). Batches are pickled here, where a
+    failure can still be reported (a queue pickles in a background thread that drops what it
+    cannot send). Stopping is the loader's: SIGTERM takes its default action and Ctrl-C is
+    ignored (a training script's handlers, inherited through a fork, must not keep a worker
+    alive), and a worker whose loader's process is gone returns."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = multiprocessing.parent_process()
     while True:
         try:
-            batch, indices, epoch = tasks.get(timeout=1.0)
+            run, batch, indices, epoch = tasks.get(timeout=1.0)
         except queue.Empty:
             if parent is not None and not parent.is_alive():
                 return
             continue
         try:
             loaded = _load(dataset, indices, epoch, collate_fn)
-            results.put((batch, True, pickle.dumps(loaded, pickle.HIGHEST_PROTOCOL), ""))
+            results.put((run, batch, True, pickle.dumps(loaded, pickle.HIGHEST_PROTOCOL), ""))
         except Exception as exc:
-            results.put((batch, False, _pickled_error(exc), traceback.format_exc()))
+            results.put((run, batch, False, _pickled_error(exc), traceback.format_exc()))
+
+
+class _Workers:
+    """Worker processes (``_work``) and their task and result queues."""
+
+    def __init__(
+        self, context: Any, count: int, dataset: Any, collate_fn: Callable[[list[Any]], Any]
+    ) -> None:
+        self.tasks, self.results = context.Queue(), context.Queue()
+        self.tasks.cancel_join_thread()  # never wait at exit to hand tasks nobody will take
+        self.processes: list[Any] = []
+        args = (dataset, collate_fn, self.tasks, self.results)
+        try:
+            for k in range(count):
+                worker = context.Process(
+                    target=_work, args=args, daemon=True, name=f"gulp-loader-{k}"
+                )
+                worker.start()
+                self.processes.append(worker)
+        except BaseException:
+            self.stop()
+            raise
+
+    def dead(self) -> Any:
+        """A worker that has exited, or None."""
+        return next((w for w in self.processes if w.exitcode is not None), None)
+
+    def drop_queued(self) -> None:
+        """Take back the tasks no worker has started (an iteration was left)."""
+        try:
+            while True:
+                self.tasks.get_nowait()
+        except queue.Empty:
+            pass
+
+    def stop(self) -> None:
+        """Terminate the workers (SIGTERM, then SIGKILL after 5 s) and wait for them."""
+        for worker in self.processes:
+            worker.terminate()
+        for worker in self.processes:
+            worker.join(timeout=5)
+            if worker.exitcode is None:
+                worker.kill()
+                worker.join()
+        self.processes = []
 
 
 class DataLoader:
@@ -113,8 +161,9 @@ class DataLoader:
     starts and transforms change per epoch, in every worker alike.
 
     Args:
-        dataset: the dataset; with workers, each iteration starts its own, which get the
-            dataset through a fork or pickled ("spawn", "forkserver": a start-up per epoch).
+        dataset: the dataset; with workers, each iteration starts its own (unless
+            ``persistent_workers``), which get the dataset through a fork or pickled ("spawn",
+            "forkserver": a start-up per epoch).
         batch_size: items per batch.
         shuffle: visit the items in a seeded random order, a new one per epoch.
         sampler: the item indices in the order to visit them, drawn again each epoch (instead
@@ -131,6 +180,9 @@ class DataLoader:
             the first (0: forever).
         multiprocessing_context: how workers start ("fork", "spawn", "forkserver" or a
             context; None: the platform's default).
+        persistent_workers: start the workers once and keep them for every epoch (until
+            ``close``) instead of once per epoch; they keep the dataset as it was when they
+            started. A new iteration replaces an unfinished one.
     """
 
     def __init__(
@@ -148,6 +200,7 @@ class DataLoader:
         prefetch: int = 2,
         timeout: float = 0,
         multiprocessing_context: str | BaseContext | None = None,
+        persistent_workers: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -157,6 +210,8 @@ class DataLoader:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         if timeout < 0:
             raise ValueError(f"timeout must be >= 0, got {timeout}")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers needs num_workers > 0")
         if sampler is not None and shuffle:
             raise ValueError("give shuffle=True or a sampler, not both")
         others = batch_size != 1 or shuffle or sampler is not None or drop_last
@@ -174,7 +229,10 @@ class DataLoader:
         self.prefetch = prefetch
         self.timeout = timeout
         self.multiprocessing_context = multiprocessing_context
+        self.persistent_workers = persistent_workers
         self.epoch = 0
+        self._workers: _Workers | None = None  # the persistent ones
+        self._run = 0  # iterations started: results of another one are not this one's
 
     def __len__(self) -> int:
         """Batches per epoch (with a sampler or batch sampler: as many as it has a length for)."""
@@ -222,60 +280,83 @@ class DataLoader:
             )
         return self._from_workers(epoch)
 
+    def _start_workers(self) -> _Workers:
+        """This iteration's workers: the persistent ones while they all live, else new ones."""
+        if self._workers is not None and self._workers.dead() is None:
+            return self._workers
+        self.close()
+        context: Any = self.multiprocessing_context
+        if context is None or isinstance(context, str):
+            context = multiprocessing.get_context(context)
+        workers = _Workers(context, self.num_workers, self.dataset, self.collate_fn)
+        if self.persistent_workers:
+            self._workers = workers
+        return workers
+
     def _from_workers(self, epoch: int) -> Iterator[Any]:
         batches = self.batches(epoch)
         if not batches:
             return
-        context: Any = self.multiprocessing_context
-        if context is None or isinstance(context, str):
-            context = multiprocessing.get_context(context)
-        tasks, results = context.Queue(), context.Queue()
-        tasks.cancel_join_thread()  # never wait at exit to hand tasks nobody will take
-        args = (self.dataset, self.collate_fn, tasks, results)
-        workers: list[Any] = []
+        self._run += 1
+        run = self._run
+        workers = self._start_workers()
+        keep = self.persistent_workers
         arrived: dict[int, tuple[bool, bytes, str]] = {}
         sent = 0
         try:
-            for k in range(self.num_workers):
-                worker = context.Process(
-                    target=_work, args=args, daemon=True, name=f"gulp-loader-{k}"
-                )
-                worker.start()
-                workers.append(worker)
             for b in range(len(batches)):
+                if self.persistent_workers and run != self._run:
+                    raise RuntimeError("a newer iteration of this DataLoader replaced this one")
                 while sent < min(len(batches), b + self.num_workers * self.prefetch):
-                    tasks.put((sent, batches[sent], epoch))
+                    workers.tasks.put((run, sent, batches[sent], epoch))
                     sent += 1
                 deadline = time.monotonic() + self.timeout if self.timeout else None
                 while b not in arrived:
-                    got, ok, data, text = self._receive(results, workers, b, epoch, deadline)
+                    try:
+                        got, ok, data, text = self._receive(workers, run, b, epoch, deadline)
+                    except (RuntimeError, TimeoutError):
+                        keep = False
+                        raise
                     arrived[got] = (ok, data, text)
                 ok, data, text = arrived.pop(b)
                 if not ok:
                     raise pickle.loads(data) from _RemoteTraceback(text)
                 yield pickle.loads(data)
         finally:
-            for worker in workers:
-                worker.terminate()
-            for worker in workers:
-                worker.join(timeout=5)
-                if worker.exitcode is None:
-                    worker.kill()
-                    worker.join()
+            if keep:
+                if run == self._run:
+                    workers.drop_queued()
+            else:
+                workers.stop()
+                if workers is self._workers:
+                    self._workers = None
+
+    def close(self) -> None:
+        """Stop the persistent workers (a later iteration starts new ones)."""
+        workers, self._workers = self._workers, None
+        if workers is not None:
+            workers.stop()
+
+    def __del__(self) -> None:
+        if getattr(self, "_workers", None) is not None:
+            self.close()
 
     def _receive(
-        self, results: Any, workers: list[Any], batch: int, epoch: int, deadline: float | None
+        self, workers: _Workers, run: int, batch: int, epoch: int, deadline: float | None
     ) -> tuple[int, bool, bytes, str]:
-        """The next result of any worker; raises when a worker died or ``timeout`` passed."""
+        """The next result of iteration ``run`` from any worker (those of an earlier one are
+        dropped); raises when a worker died or ``timeout`` passed."""
         while True:
             try:
-                return results.get(timeout=0.2)
+                got_run, *result = workers.results.get(timeout=0.2)
             except queue.Empty:
-                pass
-            dead = [w for w in workers if w.exitcode is not None]
-            if dead:
+                got_run = None
+            if got_run == run:
+                return tuple(result)
+            dead = workers.dead()
+            if dead is not None:
                 raise RuntimeError(
-                    f"DataLoader worker {dead[0].name} exited (code {dead[0].exitcode}) "
+                    f"DataLoader worker {dead.name} exited (code {dead.exitcode}) "
                     f"while loading epoch {epoch}"
                 )
             if deadline is not None and time.monotonic() > deadline:
