@@ -488,6 +488,37 @@ def test_forked_process_is_told_to_use_forkserver(s3):
             child.read(f"s3://{BUCKET}/shards/av1.zip", 0, 16)
 
 
+FORK_AFTER_READING = """
+import os, sys
+from kohakuclip import KohakuClipError, Reader
+
+url = sys.argv[1]
+with Reader(url, size=24) as reader:  # requests made here, then a fork
+    reader.read([(0, [0, 1])])
+pid = os.fork()
+if pid == 0:
+    try:
+        Reader(url, size=24)  # a new reader of its own in the child
+    except KohakuClipError as e:  # the listing's SourceError, naming the URL
+        print(e, flush=True)
+        os._exit(3)
+    os._exit(4)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_process_forked_after_requests_raises_instead_of_waiting(s3):
+    """obstore's runtime does not survive a fork: a child's requests would wait forever (a
+    DataLoader forked after the training script read a batch from the bucket hung)."""
+    url = f"s3://{BUCKET}/shards/av1.zip"  # the fixture's credentials are in os.environ
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_READING, url], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 3, done.stdout + done.stderr[-2000:]
+    assert url in done.stdout and "forkserver" in done.stdout
+
+
 def test_cache_dir_serves_repeat_reads_and_stays_bounded(s3, media, tmp_path):
     from kohakuclip.storage.cache import BlockCache
 

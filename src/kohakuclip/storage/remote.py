@@ -70,6 +70,33 @@ CREDENTIAL_VARIABLES = {
 _COUNTS = {"requests": 0, "bytes": 0}
 _COUNTS_LOCK = threading.Lock()
 
+# obstore's I/O runtime (its threads) does not survive a fork: a request made in a process
+# forked after this one made requests waits forever. Such a child raises instead.
+_REQUESTS_MADE = False
+_FORKED_AFTER_REQUESTS = False
+
+
+def _note_fork() -> None:
+    global _FORKED_AFTER_REQUESTS
+    _FORKED_AFTER_REQUESTS = _FORKED_AFTER_REQUESTS or _REQUESTS_MADE
+
+
+os.register_at_fork(after_in_child=_note_fork)
+
+
+def _requests_allowed(url: str) -> None:
+    """Raise ``ObjectStoreError`` naming ``url`` in a process forked after requests were made
+    (they would never complete); else note that requests are made here."""
+    global _REQUESTS_MADE
+    if _FORKED_AFTER_REQUESTS:
+        raise ObjectStoreError(
+            f"{url}: object storage cannot be read in a process forked after its parent read "
+            "object storage (obstore's runtime does not survive fork; requests would wait "
+            "forever): start workers with 'forkserver' or 'spawn' (ClipLoader chooses "
+            "'forkserver' for URL sources)"
+        )
+    _REQUESTS_MADE = True
+
 
 def _count(requests: int, nbytes: int) -> None:
     with _COUNTS_LOCK:
@@ -233,6 +260,7 @@ def open_object(
     if meta is None:
         import obstore
 
+        _requests_allowed(url)
         _count(1, 0)
         try:
             meta = obstore.head(store, key)
@@ -264,6 +292,8 @@ def head_objects(
     """URL -> HEAD answer (size, ETag) of each of ``urls`` that exists, all requested at once
     (``MAX_CONCURRENT`` in flight); a missing object is left out, other failures raise."""
     wanted = [(url, *store_for(url, options)) for url in urls]
+    if wanted:
+        _requests_allowed(wanted[0][0])
     _count(len(wanted), 0)
     found = _run(_head_all(wanted)) if wanted else []
     return {url: meta for (url, _, _), meta in zip(wanted, found) if meta is not None}
@@ -277,6 +307,7 @@ def list_objects(
 
     root, key = _split(prefix)
     store = _STORES.get(root, options)
+    _requests_allowed(prefix)
     _count(1, 0)
     try:
         entries = [m for chunk in obstore.list(store, key or None) for m in chunk]
@@ -371,6 +402,8 @@ def fetch_ranges(wanted: Sequence[tuple[RemoteObject, int, int]]) -> list[memory
     for url, (obj, ranges) in by_object.items():
         runs = _cached_blocks(obj, ranges, located[url]) if obj.cache else _coalesce(ranges)
         requests.extend((obj, a, b) for a, b in runs if b > a)
+    if requests:
+        _requests_allowed(requests[0][0].url)
     fetched = _run(_get_all(requests)) if requests else []
     _count(len(requests), sum(len(b) for b in fetched))
     for (obj, a, b), data in zip(requests, fetched):
