@@ -21,6 +21,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
@@ -40,6 +41,7 @@ __all__ = [
     "list_objects",
     "local_path",
     "open_object",
+    "put_object",
     "request_counts",
     "store_for",
     "suffix_of",
@@ -315,6 +317,25 @@ def list_objects(
         raise describe_error(prefix, e) from None
     found = [(root + str(m["path"]), dict(m)) for m in entries]
     return sorted(found, key=lambda item: item[0])
+
+
+def put_object(url: str, body: bytes | str, options: Mapping[str, Any] | None = None) -> None:
+    """Write the object at ``url``: ``body`` is its bytes, or (a ``str``) a local file's path.
+
+    Args:
+        url: where the object goes.
+        body: the bytes, or the path of a file to upload.
+        options: the ``storage_options`` of the store.
+    """
+    import obstore
+
+    store, key = store_for(url, options)
+    _requests_allowed(url)
+    _count(1, 0)
+    try:
+        obstore.put(store, key, Path(body) if isinstance(body, str) else body)
+    except Exception as e:
+        raise describe_error(url, e) from None
 
 
 def _coalesce(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

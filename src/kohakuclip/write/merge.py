@@ -32,11 +32,10 @@ from kohakuclip.storage.image_index import find_image_index
 from kohakuclip.storage.index import IndexFormatError
 from kohakuclip.storage.remote import (
     ObjectStoreError,
-    describe_error,
     is_url,
     list_objects,
     open_object,
-    store_for,
+    put_object,
 )
 from kohakuclip.storage.video_listing import SourceError, index_layout
 from kohakuclip.storage.view import DatasetView, ShardListing, ViewKind, dump_view
@@ -139,13 +138,10 @@ class _Out:
                 f.write(data)
             os.replace(temp, path)
             return
-        import obstore
-
-        store, key = store_for(path, self.options)
         try:
-            obstore.put(store, key, data)
-        except Exception as e:
-            raise MergeError(str(describe_error(path, e))) from None
+            put_object(path, data, self.options)
+        except ObjectStoreError as e:
+            raise MergeError(str(e)) from None
 
 
 def _runs(out: _Out) -> list[OutputNames]:

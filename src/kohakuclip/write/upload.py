@@ -18,15 +18,13 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kohakuclip.storage.remote import (
     ObjectStoreError,
-    describe_error,
     is_url,
     list_objects,
-    store_for,
+    put_object,
 )
 
 __all__ = ["output_arguments", "run_staged", "staged_main"]
@@ -44,8 +42,6 @@ def upload_folder(
 ) -> list[tuple[str, int]]:
     """Upload every file under ``local`` to the prefix ``url`` (ending in ``/``), shards first,
     skipping objects already there with the same size; returns (URL, bytes) of each upload."""
-    import obstore
-
     prefix = url if url.endswith("/") else url + "/"
     present = {found: int(meta["size"]) for found, meta in list_objects(prefix, options)}
     names = []
@@ -59,11 +55,7 @@ def upload_folder(
         target = prefix + name
         if present.get(target) == size:
             continue
-        store, key = store_for(target, options)
-        try:
-            obstore.put(store, key, Path(path))
-        except Exception as e:
-            raise describe_error(target, e) from None
+        put_object(target, path, options)
         uploaded.append((target, size))
     return uploaded
 
