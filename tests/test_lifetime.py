@@ -26,6 +26,7 @@ from PIL import Image
 
 import kohakuclip
 from kohakuclip import ImageReader, Reader
+from kohakuclip.read import pool as pool_module
 from kohakuclip.read.pool import Pending, PoolClosedError, ThreadPool
 from kohakuclip.write.pack import pack
 from tests.image_media import encode, photo, write_zip
@@ -140,23 +141,102 @@ def test_a_pool_thread_may_close_its_own_pool() -> None:
     assert not any(t.is_alive() for t in pool._threads)
 
 
-def test_a_forked_child_never_waits_for_its_parents_batch() -> None:
+def test_a_fork_waits_for_running_tasks_and_the_child_never_waits_for_queued_ones() -> None:
+    """A task holds a lock while it runs (as a first import holds the import lock): the fork
+    waits until it has finished, so the child finds the lock free; the batch queued behind it
+    waits for the fork, and in the child it fails at once instead of waiting for threads that
+    do not exist there."""
     pool, release, running = _blocked_pool(1)
+    held = threading.Lock()
+    locked = threading.Event()
+
+    def hold(state: object) -> None:
+        with held:
+            locked.set()
+            time.sleep(0.3)
+
+    holding: Pending[str] = Pending(1, "held")
+    queued: Pending[str] = Pending(1, "queued")
     try:
+        release.set()
+        pool.submit([hold], holding)
+        assert locked.wait(30)
+        pool.submit([lambda s: None], queued)
         pid = os.fork()
-        if pid == 0:  # the child: the batch's thread does not exist here
+        if pid == 0:  # the child
             code = 1
             try:
-                running.result()
+                if held.acquire(timeout=5):
+                    queued.result()
             except PoolClosedError:
                 code = 0
             finally:
                 os._exit(code)
-        assert _wait_child(pid, "waiting on the parent's batch") == 0
+        assert holding.done()  # the fork waited for it
+        assert _wait_child(pid, "a lock held by a task, or the parent's batch") == 0
+        assert queued.result(30) == "queued"  # in the parent it runs after the fork
+    finally:
+        pool.close()
+    assert running.result(0) == "ran"
+
+
+def test_a_fork_behind_a_task_that_never_ends_warns_and_goes_ahead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pool_module, "FORK_WAIT", 0.3)
+    pool, release, running = _blocked_pool(1)
+    try:
+        with pytest.warns(RuntimeWarning, match="1 kohakuclip decode task"):
+            pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        assert _wait_child(pid, "a bare child") == 0
+        after: Pending[str] = Pending(1, "after")
+        pool.submit([lambda s: None], after)  # the gate opened again after the fork
+        release.set()
+        assert after.result(30) == "after"
     finally:
         release.set()
         pool.close()
     assert running.result(0) == "ran"
+
+
+FORK_MID_FIRST_BATCH = """
+import os, sys, time
+from kohakuclip import Reader
+
+shard, delay = sys.argv[1], float(sys.argv[2])
+reader = Reader(shard, size=32, threads=2)
+pending = [reader.submit([(0, [0, 5]), (1, [2, 9])]) for _ in range(5)]  # first use: imports
+time.sleep(delay)
+pid = os.fork()  # while the decode threads import their compiled drivers
+if pid == 0:
+    child = Reader(shard, size=32, threads=2)
+    child.read([(0, [1, 3])])
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+for p in pending:
+    p.result()
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_fork_during_a_reader_s_first_batches_leaves_the_child_working(
+    media: dict[str, str],
+) -> None:
+    """The decode threads' first batch imports the compiled drivers: a fork at that moment
+    used to copy the import lock held (the child's first read waited forever) or the module
+    half-initialised (the child's read failed)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    for delay in ("0", "0.02", "0.05", "0.1", "0.2"):
+        done = subprocess.run(
+            [sys.executable, "-c", FORK_MID_FIRST_BATCH, media["video"], delay],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=SCRIPT_TIMEOUT,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
 
 
 # --- readers dropped without close() -----------------------------------------------------------

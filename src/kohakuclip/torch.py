@@ -544,13 +544,12 @@ class ClipLoader:
     as Lightning fetches ahead only within an epoch).
 
     Worker processes start with ``multiprocessing_context`` (the DataLoader's default: fork on
-    Linux). A fork copies no running thread, so readers in this process must be idle then (this
-    loader's in-process iterations drain before it forks); closed or dropped ones are safe too:
-    closing waits until the OS has finished the threads, whose native exit takes library locks
-    (OpenCV's thread-local storage) a child would inherit locked, and a fork first waits for
-    any still exiting. "forkserver" avoids the question at some start-up cost, and is the
-    default when the dataset reads URLs (object storage): obstore's I/O runtime does not survive
-    a fork.
+    Linux). A fork copies no running thread, and the locks a decode task holds would reach the
+    child held, so a fork first waits until the readers' running tasks have finished (queued
+    ones wait for it) and until the threads of closed readers have exited (their native exit
+    takes library locks such as OpenCV's). "forkserver" avoids the question at some start-up
+    cost, and is the default when the dataset reads URLs (object storage): obstore's I/O
+    runtime does not survive a fork.
 
     Args:
         dataset: the ClipDataset or ImageDataset to iterate.

@@ -6,10 +6,14 @@ exit an ``atexit`` hook stops every pool before anything its threads use is torn
 still queued fail with ``PoolClosedError`` (so nothing waits on them), the clips being decoded
 finish, the threads are joined.
 
-A fork copies every lock but no thread, so a thread must not be half-way out at a fork: its
-native exit (thread-local destructors) takes library locks such as OpenCV's, which the child
-would inherit locked. Closing a pool waits until the OS has finished its threads, and a fork
-first waits for the threads of pools closed without waiting (from one of their own threads).
+A fork copies every lock but no thread, so no pool thread may be inside a task at a fork: a
+task takes locks (the import lock of a module it imports on first use, OpenCV's and the
+decoders' own), which the child would inherit held, and the first use of the same thing there
+would wait forever. A fork therefore waits until every running task has finished (queued
+tasks wait for the fork; a warning after ``FORK_WAIT`` seconds, then the fork goes ahead).
+Nor may a thread be half-way out: its native exit (thread-local destructors) takes library
+locks too. Closing a pool waits until the OS has finished its threads, and a fork first waits
+for the threads of pools closed without waiting (from one of their own threads).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import queue
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -87,6 +92,65 @@ class Pending(Generic[T]):
 _live: weakref.WeakSet[ThreadPool] = weakref.WeakSet()  # pools whose threads may still run
 _exiting = False
 
+FORK_WAIT = 120.0
+"""Seconds a fork waits for the running tasks before it warns and goes ahead."""
+
+
+class _ForkGate:
+    """Running tasks, counted, and a fork that waits for them: between ``before_fork`` and
+    ``after_fork`` no task starts."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """No task running, no fork under way (also in a forked child: none of the parent's
+        threads is there, and the lock may have been copied held)."""
+        self._cond = threading.Condition()
+        self._running = 0
+        self._forking = False
+        self._inside = threading.local()  # set on a thread while it runs a task
+
+    def enter(self) -> None:
+        """A task starts (waits while a fork is under way)."""
+        with self._cond:
+            while self._forking:
+                self._cond.wait()
+            self._running += 1
+        self._inside.task = True
+
+    def leave(self) -> None:
+        """A task finished."""
+        self._inside.task = False
+        with self._cond:
+            self._running -= 1
+            self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        own = 1 if getattr(self._inside, "task", False) else 0  # a task that forks
+        deadline = time.monotonic() + FORK_WAIT
+        with self._cond:
+            self._forking = True
+            while self._running > own:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    warnings.warn(
+                        f"forking while {self._running - own} kohakuclip decode task(s) still "
+                        f"run after {FORK_WAIT:.0f} s: the child may find their locks held",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                    break
+                self._cond.wait(left)
+
+    def after_fork_in_parent(self) -> None:
+        with self._cond:
+            self._forking = False
+            self._cond.notify_all()
+
+
+_gate = _ForkGate()
+
 
 def _stop_pools_at_exit() -> None:
     """Interpreter exit: no new pools; every live pool drops its queue and joins its threads."""
@@ -97,8 +161,9 @@ def _stop_pools_at_exit() -> None:
 
 
 def _settle_before_fork() -> None:
-    """Before a fork: the threads of closed pools finish exiting (open pools' idle threads
-    hold no lock and are simply not copied)."""
+    """Before a fork: the running tasks finish (the queued ones wait), and the threads of
+    closed pools finish exiting (idle threads hold no lock and are simply not copied)."""
+    _gate.before_fork()
     for pool in list(_live):
         if pool._closed:
             pool._join()
@@ -121,7 +186,11 @@ def _wait_exited(threads: list[threading.Thread], limit: float = 5.0) -> None:
 # (atexit runs last in, first out) and no context is freed under a decoding thread.
 weakref.finalize(_stop_pools_at_exit, lambda: None).atexit = False
 atexit.register(_stop_pools_at_exit)
-os.register_at_fork(before=_settle_before_fork)
+os.register_at_fork(
+    before=_settle_before_fork,
+    after_in_parent=_gate.after_fork_in_parent,
+    after_in_child=_gate.reset,
+)
 
 
 class ThreadPool:
@@ -164,18 +233,21 @@ class ThreadPool:
             if item is None:
                 return
             task, pending = item
+            error: BaseException | None = None
             if self._cancel:
-                pending._finish_task(PoolClosedError("the pool stopped before this batch ran"))
+                error = PoolClosedError("the pool stopped before this batch ran")
             elif broken is not None:
-                pending._finish_task(broken)
+                error = broken
             else:
+                _gate.enter()
                 try:
                     task(state)
                 except BaseException as e:  # reported through the Pending, the thread lives on
-                    pending._finish_task(e)
-                else:
-                    pending._finish_task(None)
-            del item, task, pending  # an idle thread must not keep a dropped batch alive
+                    error = e
+                finally:
+                    _gate.leave()
+            pending._finish_task(error)
+            del item, task, pending, error  # an idle thread must not keep a dropped batch alive
 
     def submit(self, tasks: list[Task], pending: Pending[Any]) -> None:
         with self._lock:
