@@ -17,6 +17,7 @@ from kohakuclip.decode.image import dct_denominator
 from kohakuclip.decode.pixels import Crop
 from kohakuclip.read.image_reader import ImageInfo, ImageReader, ImageReadError
 from kohakuclip.read.reader import VideoInfo
+from kohakuclip.storage.image_listing import ImageSourceError
 from tests.image_media import encode, photo, psnr, write_tar, write_zip
 
 SIZE = 96
@@ -292,7 +293,6 @@ def test_batch_and_info_names_are_those_of_clip_batches(shard, tmp_path):
 def test_corrupt_member_names_the_file_and_the_pool_survives(shard, tmp_path):
     folder = tmp_path / "f"
     folder.mkdir()
-    shutil.copy(shard, folder / "s.zip")
     stored = _stored(shard)
     (folder / "bad.jpg").write_bytes(stored[0][1][: len(stored[0][1]) // 2])
     (folder / "good.jpg").write_bytes(stored[1][1])
@@ -495,3 +495,12 @@ def test_a_folder_of_shards_reads_as_its_shards(shard_dir, shard):
         np.testing.assert_array_equal(
             folder.read(range(8), seed=1).image, one.read(range(8), seed=1).image
         )
+
+
+def test_a_folder_of_shards_and_loose_images_is_refused(shard, tmp_path):
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    shutil.copy(shard, mixed / "shard_00000.zip")
+    Image.fromarray(photo(40, 40, seed=1)).save(mixed / "stray.jpg")
+    with pytest.raises(ImageSourceError, match=r"mixed: holds both media files \(1, e.g. stray"):
+        ImageReader(str(mixed), size=SIZE)

@@ -245,14 +245,18 @@ def test_s3_gulp_directory_bit_for_bit(s3, media, compiled):
 
 def test_s3_prefix_lists_shards(s3, media):
     obstore.put(s3, "two/x/av1.zip", media.files["shards/av1.zip"])
-    obstore.put(s3, "two/y.mp4", media.files["h264/b_faststart.mp4"])
+    obstore.put(s3, "two/x/more/av1.zip", media.files["shards/av1.zip"])
     with Reader(f"s3://{BUCKET}/two/", size=24) as r:
         found = [(r.info(v).source, r.info(v).member) for v in range(len(r))]
     assert found == [
         (f"s3://{BUCKET}/two/x/av1.zip", "av1.mp4"),
         (f"s3://{BUCKET}/two/x/av1.zip", "h264.mp4"),
-        (f"s3://{BUCKET}/two/", "y.mp4"),
+        (f"s3://{BUCKET}/two/x/more/av1.zip", "av1.mp4"),
+        (f"s3://{BUCKET}/two/x/more/av1.zip", "h264.mp4"),
     ]
+    obstore.put(s3, "two/y.mp4", media.files["h264/b_faststart.mp4"])  # and a loose video
+    with pytest.raises(SourceError, match=r"two/: holds both media files \(1, e.g. s3://"):
+        Reader(f"s3://{BUCKET}/two/", size=24)
 
 
 @pytest.mark.parametrize("compiled", [True, False])

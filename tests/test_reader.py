@@ -13,6 +13,7 @@ from PIL import Image
 import kohakuclip
 from kohakuclip import ClipError, Reader
 from kohakuclip.decode.pixels import yuv420_planes, yuv_to_rgb_matrix
+from kohakuclip.formats import FRAME_RECORD
 from kohakuclip.write.pack import ShardWriter, pack
 from tests.media import VideoSpec, decode_planes, make_video, psnr
 
@@ -330,6 +331,9 @@ def test_sample_policy_on_short_videos(corpus: Corpus) -> None:
                 assert item[1] == sorted(item[1])
         items = reader.sample(3, 4, spread=True, seed=0)
         assert all(len(f) == 4 for _, f in items)
+        for fps in (0.0, -1.0, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match="fps must be a positive number"):
+                reader.sample(1, 4, fps=fps)
 
 
 def test_bad_requests_raise_clear_errors(corpus: Corpus) -> None:
@@ -367,6 +371,29 @@ def test_corrupt_sample_names_file_and_pool_keeps_working(corpus: Corpus, tmp_pa
             assert batch.video.shape[0] == len(good)
 
 
+@pytest.mark.parametrize("field, value", [("size", 0xFFFFFFF0), ("offset", 1 << 62)])
+def test_a_damaged_index_record_names_the_member(
+    corpus: Corpus, tmp_path, field: str, value: int
+) -> None:
+    """A frame record pointing past the file (a flipped bit in the index) is a ClipError naming
+    the shard and the member, not a 4 PiB allocation; the other videos still read."""
+    bad = str(tmp_path / "bad.zip")
+    shutil.copy(corpus.zip, bad)
+    vid = corpus.names.index("h264.mp4")
+    with Reader(bad, size=32) as probe:
+        src = probe._catalog.sources[0]
+        row = probe._catalog.videos[vid].entry.row
+        record = src.records_start + (row + 3) * FRAME_RECORD.itemsize
+    with open(bad, "r+b") as f:
+        f.seek(record + FRAME_RECORD.fields[field][1])
+        f.write(np.array(value, FRAME_RECORD.fields[field][0]).tobytes())
+    with Reader(bad, size=32, threads=2) as reader:
+        with pytest.raises(ClipError, match=r"bad.zip:h264.mp4.*damaged index: frame record 3"):
+            reader.read([(vid, [0, 3])])
+        good = [v for v in range(len(reader)) if v != vid]
+        assert reader.read([(v, [0, 1]) for v in good]).video.shape[0] == len(good)
+
+
 def test_missing_and_bad_sources(tmp_path) -> None:
     with pytest.raises(ValueError, match="no such file"):
         Reader(str(tmp_path / "nope.zip"))
@@ -377,7 +404,7 @@ def test_missing_and_bad_sources(tmp_path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     assert len(Reader(str(empty))) == 0
-    with pytest.raises(ValueError, match="no videos"):
+    with pytest.raises(ValueError, match=r"no videos \(sources: .*empty\)"):
         Reader(str(empty)).sample(1, 4)
 
 

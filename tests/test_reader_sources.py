@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kohakuclip import ClipError, Reader, write_videos
+from kohakuclip import ClipError, Reader, SourceError, write_videos
 from kohakuclip.gulp import GulpDirectory
 from kohakuclip.gulp.chunk import ChunkBuilder
 from tests.media import VideoSpec, frame_rgb, make_video, psnr
@@ -171,3 +171,19 @@ def test_a_folder_of_shards_and_a_single_file_are_sources(tmp_path) -> None:
     with Reader(str(tmp_path / "one" / "c.mp4"), size=16, crop="center") as single:
         assert len(single) == 1 and single.info(0).member == "c.mp4"
         np.testing.assert_array_equal(single.read([(0, [3, 4])]).video, from_folder[2:])
+    (out / "stray.mp4").write_bytes(videos[0])  # a folder of shards and a loose video
+    with pytest.raises(SourceError, match=r"out: holds both media files \(1, e.g. stray.mp4\)"):
+        Reader(str(out))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_named_like_a_video_raises_instead_of_waiting(tmp_path) -> None:
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    (folder / "a.mp4").write_bytes(make_video(VideoSpec(frames=12, seed=1)))
+    os.mkfifo(folder / "b.mp4")  # opening it for reading would wait for a writer forever
+    with Reader(str(folder), size=16, threads=1) as reader:
+        assert [reader.info(v).member for v in range(len(reader)) if v == 0] == ["a.mp4"]
+        with pytest.raises(ClipError, match=r"clips:b.mp4.*not a regular file"):
+            reader.read([(1, [0])])
+        assert reader.read([(0, [0, 3])]).video.shape[:2] == (1, 2)

@@ -16,6 +16,7 @@ reader on first use and never touches one it inherited.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import warnings
 import weakref
@@ -457,8 +458,8 @@ class ClipDataset(BatchDataset):
         )
         if frames < 1:
             raise ValueError(f"frames must be >= 1, got {frames}")
-        if fps is not None and fps <= 0:
-            raise ValueError(f"fps must be > 0, got {fps}")
+        if fps is not None and not (math.isfinite(fps) and fps > 0):
+            raise ValueError(f"fps must be a positive number or None, got {fps}")
         self.frames = frames
         self.fps = fps
         self.spread = spread

@@ -135,10 +135,10 @@ class Reader(ReaderBase[Item, Batch]):
 
     Each clip is cropped to the short-side square (random or centred), resized to ``size``,
     optionally flipped, and written into one uint8 batch. Sources may be URLs (``s3://``,
-    ``gs://``, ``az://``, ``http(s)://``, ``file://``; a URL ending in ``/`` lists the zip shards
-    or mp4 files under it): a clip's GOPs are then fetched by ranged GETs (concurrent, touching
-    ranges coalesced) before it is decoded; credentials come from ``storage_options`` or the
-    standard environment variables (``AWS_ACCESS_KEY_ID`` ...).
+    ``gs://``, ``az://``, ``http(s)://``, ``file://``; a URL ending in ``/`` lists the zip and
+    tar shards, or the mp4 / m4v / mov files, under it): a clip's GOPs are then fetched by
+    ranged GETs (concurrent, touching ranges coalesced) before it is decoded; credentials come
+    from ``storage_options`` or the standard environment variables (``AWS_ACCESS_KEY_ID`` ...).
 
     Args:
         sources: shard archives (with or without an index), folder trees of mp4 files, GulpIO
@@ -274,7 +274,8 @@ class Reader(ReaderBase[Item, Batch]):
         rng = np.random.default_rng(seed) if seed is not None else self._rng
         if videos is None:
             if len(self) == 0:
-                raise ValueError("the reader has no videos")
+                paths = [src.path for src in self._catalog.sources]
+                raise ValueError(f"the reader has no videos (sources: {', '.join(paths)[:300]})")
             chosen = rng.integers(0, len(self), size=n).tolist()
         else:
             chosen = [int(v) for v in videos]

@@ -6,6 +6,8 @@ plain ``(video id, [frame indices])`` pairs, so users can bring their own.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = ["clip", "random_frames"]
@@ -28,6 +30,8 @@ def clip(
     """
     if frames < 1:
         raise ValueError(f"frames must be >= 1, got {frames}")
+    if fps is not None and not (math.isfinite(fps) and fps > 0):
+        raise ValueError(f"fps must be a positive number or None, got {fps}")
     if n_video_frames < 1:
         raise ValueError("cannot sample from a video without frames")
     if spread:

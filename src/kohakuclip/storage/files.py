@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 __all__ = ["FileCache"]
+
+
+def _open_regular(path: str) -> int:
+    """A read-only descriptor of the regular file ``path``. Opened without blocking, so that a
+    FIFO (or a device) with a video's name raises instead of waiting forever for a writer."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device)", path)
+    return fd
 
 
 class FileCache:
@@ -39,7 +51,7 @@ class FileCache:
                 slot[1] += 1
                 self._open.move_to_end(path)
         if slot is None:
-            fd = os.open(path, os.O_RDONLY)
+            fd = _open_regular(path)
             with self._lock:
                 slot = self._open.get(path)
                 if slot is None:

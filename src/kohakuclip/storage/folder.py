@@ -5,15 +5,24 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-__all__ = ["list_folder"]
+__all__ = ["list_folder", "media_or_shards", "mixed_message"]
 
 
 def list_folder(path: str | os.PathLike[str], suffixes: Iterable[str]) -> list[str]:
-    """Paths (relative to ``path``, '/'-separated, sorted) of files whose suffix is wanted."""
+    """Paths (relative to ``path``, '/'-separated, sorted) of files whose suffix is wanted.
+
+    Symbolic links to folders are followed, each folder once: a link back up the tree (a
+    cycle) or a second link to the same folder adds nothing."""
     root = os.fspath(path)
     wanted = tuple(s.lower() for s in suffixes)
     out = []
+    seen: set[tuple[int, int]] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        here = os.stat(dirpath)
+        if (here.st_dev, here.st_ino) in seen:
+            dirnames.clear()
+            continue
+        seen.add((here.st_dev, here.st_ino))
         dirnames.sort()
         for name in filenames:
             if name.lower().endswith(wanted) and not name.startswith("."):
@@ -21,3 +30,31 @@ def list_folder(path: str | os.PathLike[str], suffixes: Iterable[str]) -> list[s
                 out.append(rel.replace(os.sep, "/"))
     out.sort()
     return out
+
+
+def media_or_shards(
+    path: str, media_suffixes: Iterable[str], shard_suffixes: Iterable[str]
+) -> tuple[list[str], list[str]]:
+    """(media files, shards) below the folder ``path`` (``list_folder``'s paths, one walk), one
+    of them empty: a folder of videos or images, or of shards (a writer's output).
+
+    Raises:
+        ValueError: the folder holds both, naming an example of each (a folder of videos next
+            to a zip of the same videos is common: reading both, or either, would be a guess).
+    """
+    media = tuple(s.lower() for s in media_suffixes)
+    shards = tuple(s.lower() for s in shard_suffixes)
+    found = list_folder(path, media + shards)
+    files = [name for name in found if name.lower().endswith(media)]
+    packed = [name for name in found if not name.lower().endswith(media)]
+    if files and packed:
+        raise ValueError(mixed_message(path, files[0], len(files), packed[0], len(packed)))
+    return files, packed
+
+
+def mixed_message(where: str, medium: str, media: int, shard: str, shards: int) -> str:
+    """The error for a folder or URL prefix holding both media files and shards."""
+    return (
+        f"{where}: holds both media files ({media}, e.g. {medium}) and shards ({shards}, e.g. "
+        f"{shard}): give the subfolder, prefix or files meant"
+    )

@@ -27,7 +27,7 @@ from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import DATASET_FILE, IMAGE_SUFFIXES, INDEX_MEMBER, SHARD_SUFFIXES
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
-from kohakuclip.storage.folder import list_folder
+from kohakuclip.storage.folder import list_folder, media_or_shards, mixed_message
 from kohakuclip.storage.image_index import find_image_index, load_image_index
 from kohakuclip.storage.index import IndexFormatError
 from kohakuclip.storage.prefix import list_prefix, open_listed_gulp
@@ -85,13 +85,18 @@ def list_image_sources(
 
 
 def _expand_shard_folders(sources: list[str]) -> list[str]:
-    """Sources with each folder that holds shards but no images replaced by its shards
-    (e.g. kohakuclip-write-images' output)."""
+    """Sources with each folder of shards (e.g. kohakuclip-write-images' output) replaced by
+    its shards; ``ImageSourceError`` for a folder of both images and shards."""
     out = []
     for path in map(os.fspath, sources):
         plain = os.path.isdir(path) and not is_gulp_directory(path) and not has_view(path)
-        shards = list_folder(path, SHARD_SUFFIXES) if plain else []
-        if shards and not list_folder(path, IMAGE_SUFFIXES):
+        shards: list[str] = []
+        if plain:
+            try:
+                shards = media_or_shards(path, IMAGE_SUFFIXES, SHARD_SUFFIXES)[1]
+            except ValueError as e:
+                raise ImageSourceError(str(e)) from None
+        if shards:
             out += [os.path.join(path, name) for name in shards]
         else:
             out.append(path)
@@ -152,6 +157,10 @@ def _open_remote(objects: Objects, url: str, use_index: bool) -> list[ImageSourc
     gulp = _open_remote_gulp(objects, url, found)
     if gulp is not None:
         return [gulp]
+    packed = [name for name, _ in found if suffix_of(name) in (".zip", ".tar")]
+    images = [name for name, _ in found if name.lower().endswith(IMAGE_SUFFIXES)]
+    if packed and images:
+        raise ImageSourceError(mixed_message(url, images[0], len(images), packed[0], len(packed)))
     shards, names = [], []
     for name, meta in found:
         objects.remote(name, meta)

@@ -37,7 +37,7 @@ from kohakuclip.formats import (
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.storage.files import FileCache
-from kohakuclip.storage.folder import list_folder
+from kohakuclip.storage.folder import media_or_shards, mixed_message
 from kohakuclip.storage.index import video_entries
 from kohakuclip.storage.prefix import list_prefix, open_listed_gulp
 from kohakuclip.storage.ranged import Objects
@@ -171,8 +171,10 @@ class _Lister:
             self.videos.extend(VideoRef(sid, str(id_)) for id_ in gulp.ids)
             return
         if os.path.isdir(path):
-            names = list_folder(path, VIDEO_SUFFIXES)
-            shards = [] if names else list_folder(path, SHARD_SUFFIXES)
+            try:
+                names, shards = media_or_shards(path, VIDEO_SUFFIXES, SHARD_SUFFIXES)
+            except ValueError as e:
+                raise SourceError(str(e)) from None
             if shards:  # a folder of shards, e.g. kohakuclip-write's output
                 for name in shards:
                     self.add(os.path.join(path, name))
@@ -207,26 +209,29 @@ class _Lister:
             return
         if self._add_remote_gulp(url, listed):
             return
-        names = []
-        for found, meta in listed:
-            suffix = suffix_of(found)
-            if suffix in (".zip", ".tar"):
+        shards = [(f, m) for f, m in listed if suffix_of(f) in (".zip", ".tar")]
+        videos = [(f, m) for f, m in listed if suffix_of(f) in VIDEO_SUFFIXES]
+        gulp_files = [f for f, _ in listed if suffix_of(f) in (".gulp", ".gmeta")]
+        if gulp_files:
+            raise SourceError(
+                f"{gulp_files[0]}: only zip and tar shards, mp4 files and gulp directories (a "
+                "prefix holding data_<i>.gulp and meta_<i>.gmeta) are read from URLs"
+            )
+        if videos and shards:
+            raise SourceError(
+                mixed_message(url, videos[0][0], len(videos), shards[0][0], len(shards))
+            )
+        if not videos and not shards:
+            raise SourceError(f"{url}: no zip or tar shards or mp4 files under this prefix")
+        for found, meta in shards:
+            self.objects.remote(found, meta)
+            self._add_archive(found, remote=True)
+        if videos:
+            for found, meta in videos:
                 self.objects.remote(found, meta)
-                self._add_archive(found, remote=True)
-            elif suffix in VIDEO_SUFFIXES:
-                self.objects.remote(found, meta)
-                names.append(found[len(url) :])
-            elif suffix in (".gulp", ".gmeta"):
-                raise SourceError(
-                    f"{found}: only zip and tar shards, mp4 files and gulp directories (a prefix "
-                    "holding data_<i>.gulp and meta_<i>.gmeta) are read from URLs"
-                )
-        if names:
             sid = len(self.sources)
             self.sources.append(VideoSource(url, "folder", remote=True))
-            self.videos.extend(VideoRef(sid, name) for name in names)
-        elif not any(suffix_of(found) in (".zip", ".tar") for found, _ in listed):
-            raise SourceError(f"{url}: no zip or tar shards or mp4 files under this prefix")
+            self.videos.extend(VideoRef(sid, found[len(url) :]) for found, _ in videos)
 
     def _add_remote_gulp(self, url: str, listed: list[tuple[str, dict[str, Any]]]) -> bool:
         """A gulp directory directly under the prefix ``url``; False when there is none."""

@@ -98,13 +98,14 @@ def member_location(
     return src.path, member.offset, member.size
 
 
-def _index_rows(objects: Objects, src: VideoSource, entry: VideoEntry) -> np.ndarray:
-    """One video's index records, read with one pread (or ranged GET)."""
+def _index_rows(objects: Objects, src: VideoSource, entry: VideoEntry, where: str) -> np.ndarray:
+    """One video's index records, read with one pread (or ranged GET); ``SourceError`` naming
+    ``where`` when a record points past the end of the file (a damaged index)."""
     size = entry.n * FRAME_RECORD.itemsize
     start = src.records_start + entry.row * FRAME_RECORD.itemsize
+    with objects.open(src.path) as f:
+        actual = f.size
     if src.expected_size >= 0:
-        with objects.open(src.path) as f:
-            actual = f.size
         if actual != src.expected_size:
             raise SourceError(
                 f"{src.path}: {actual} bytes, the dataset view says {src.expected_size} "
@@ -114,7 +115,18 @@ def _index_rows(objects: Objects, src: VideoSource, entry: VideoEntry) -> np.nda
     raw = objects.read(src.path, start, size)
     if len(raw) != size:
         raise SourceError(f"{src.path}:{INDEX_MEMBER}: truncated frame table")
-    return np.frombuffer(raw, dtype=FRAME_RECORD)
+    rows = np.frombuffer(raw, dtype=FRAME_RECORD)
+    ends = rows["offset"] + rows["size"].astype(np.uint64)
+    past = (rows["offset"] > actual) | (ends > actual)  # offset first: the sum may wrap
+    bad = np.flatnonzero(past | (rows["keep"] > rows["size"]))
+    if len(bad):
+        k = int(bad[0])
+        raise SourceError(
+            f"{where}: damaged index: frame record {k} (offset {int(rows['offset'][k])}, size "
+            f"{int(rows['size'][k])}, keep {int(rows['keep'][k])}) reaches past the file's "
+            f"{actual} bytes or keeps more than its size"
+        )
+    return rows
 
 
 def _av1_frames(objects: Objects, src: VideoSource, member: str) -> np.ndarray | None:
@@ -260,7 +272,7 @@ def _from_index(
 ) -> VideoTrack:
     entry = ref.entry
     assert entry is not None
-    rows = _index_rows(objects, src, entry)
+    rows = _index_rows(objects, src, entry, where)
     display = None
     nal_length_size = 0
     prefix = bytes.fromhex(entry.prefix)
