@@ -63,6 +63,29 @@ def test_gulp_clips_match_gulp_directory(gulp_dir: str) -> None:
             assert np.array_equal(batch.video[i, 1], batch.video[i, 3])  # repeated frame
 
 
+def test_a_corrupt_gulp_frame_names_the_data_file_the_id_and_the_frame(
+    gulp_dir: str, tmp_path
+) -> None:
+    import shutil
+
+    from kohakuclip.gulp import open_gulp_source
+
+    broken = tmp_path / "broken"
+    shutil.copytree(gulp_dir, broken)
+    index = open_gulp_source(str(broken))
+    path, offsets, sizes = index.frames(index.position("vid11"))
+    with open(path, "r+b") as f:
+        f.seek(int(offsets[3]))
+        f.write(b"\0" * int(sizes[3]))
+    with Reader(str(broken), size=32, threads=2) as reader:
+        vid = [reader.info(v).member for v in range(len(reader))].index("vid11")
+        with pytest.raises(
+            ClipError, match=r"data_1\.gulp: id 'vid11': frames \[0, 3, 5\]: frame 3"
+        ):
+            reader.read([(vid, [0, 3, 5])])
+        assert reader.read([(vid, [0, 5])]).video.shape[:2] == (1, 2)  # the other frames read
+
+
 def test_gulp_fps_from_meta_or_given(gulp_dir: str) -> None:
     with Reader(gulp_dir, size=16) as reader:
         fps = {reader.info(v).member: reader.info(v).fps for v in range(len(reader))}

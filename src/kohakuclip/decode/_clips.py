@@ -213,7 +213,8 @@ def decode_dav1d(
     ``decoder``: (context, Dav1dData and Dav1dPicture records); ``share``: the tables
     (``ShareTables.arrays``); ``output``: (the batch as uint8 [N, T, frame bytes], the scratch
     of ``write_frame``, [mode, size, window]); ``buf``: the read buffer; ``status`` [C, 3]: code,
-    detail, pictures produced; ``seconds`` [3]: read, decode, pixels thread CPU nanoseconds
+    detail, pictures produced (after an error: the display index of the sample being decoded,
+    -1 when none was); ``seconds`` [3]: read, decode, pixels thread CPU nanoseconds
     (added to).
     """
     context, data, picture = decoder
@@ -228,7 +229,7 @@ def decode_dav1d(
     written = np.zeros(len(targets), np.bool_)
     clock = np.zeros(2, np.int64)
     for c in range(len(clips)):
-        code, detail, produced = OK, 0, 0
+        code, detail, produced, failing = OK, 0, 0, -1
         crop = clips[c, CROP : CROP + 8].copy()
         taps = frame_taps(crop, settings[0], settings[1])
         width, height = crop[0] + crop[2], crop[1] + crop[3]
@@ -295,6 +296,7 @@ def decode_dav1d(
                     if code != OK or data_words[_dav1d._DATA_SIZE] == 0:
                         break
                 if code != OK:
+                    failing = packets[k, 2]
                     break
             seconds[1] += _now(clock) - mark - in_pixels
             seconds[2] += in_pixels
@@ -305,7 +307,8 @@ def decode_dav1d(
             missing = _missing(clips, c, targets, written)
             if missing >= 0:
                 code, detail = MISSING_FRAME, missing
-        status[c, 0], status[c, 1], status[c, 2] = code, detail, produced
+        status[c, 0], status[c, 1] = code, detail
+        status[c, 2] = produced if code == OK else failing
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
@@ -385,7 +388,7 @@ def decode_avcodec(
     clock = np.zeros(2, np.int64)
     counts = np.zeros(2, np.int64)
     for c in range(len(clips)):
-        code, detail = OK, 0
+        code, detail, failing = OK, 0, -1
         counts[:] = 0
         handle = handles[clips[c, DECODER]]
         crop = clips[c, CROP : CROP + 8].copy()
@@ -429,6 +432,7 @@ def decode_avcodec(
                 if code == OK and sent < 0:
                     code, detail = AVCODEC_ERROR, sent
                 if code != OK:
+                    failing = packets[k, 2]
                     break
             decode_ns += _now(clock) - mark
             if code != OK:
@@ -449,7 +453,8 @@ def decode_avcodec(
             missing = _missing(clips, c, targets, written)
             if missing >= 0:
                 code, detail = MISSING_FRAME, missing
-        status[c, 0], status[c, 1], status[c, 2] = code, detail, counts[0]
+        status[c, 0], status[c, 1] = code, detail
+        status[c, 2] = counts[0] if code == OK else failing
 
 
 @dataclass
@@ -608,7 +613,8 @@ class Dav1dClips(_Driver):
 
     def run(self, tables: ShareTables, out: np.ndarray) -> np.ndarray:
         """Decode the share into ``out`` (the batch as uint8 [N, T, frame bytes]; images:
-        T = 1); returns the status table [C, 3] (code, detail, pictures produced)."""
+        T = 1); returns the status table [C, 3] (code, detail, pictures produced or, after an
+        error, the display index of the sample being decoded)."""
         scratch = self._room(tables)
         status = np.zeros((len(tables), 3), np.int64)
         decoder = self._decoder
@@ -658,8 +664,14 @@ class AvcodecClips(_Driver):
         return status
 
 
-def describe(code: int, detail: int) -> str:
-    """A status as words for an error message."""
+def describe(code: int, detail: int, at: int = -1) -> str:
+    """A status as words for an error message (``at``: the display index of the sample being
+    decoded, when known)."""
+    text = _status_text(code, detail)
+    return f"frame {at}: {text}" if at >= 0 and code in (DECODER_ERROR, AVCODEC_ERROR) else text
+
+
+def _status_text(code: int, detail: int) -> str:
     if code == SHORT_READ:
         return "short read: the file ends before the planned bytes"
     if code == DECODER_ERROR:

@@ -421,13 +421,13 @@ class Reader(ReaderBase[Item, Batch]):
                             errors[i] = e
                         continue
                     status = decoder.run(share_tables, video)
-                    for i, (code, detail, _) in zip(share_tables.slots, status.tolist()):
+                    for i, (code, detail, at) in zip(share_tables.slots, status.tolist()):
                         if code == _clips.OK:
                             self._count(len(batch.items[i][1]), *counts[i])
                         elif code in (_clips.UNSUPPORTED_FORMAT, _clips.MISSING_FRAME):
                             later.append(i)  # PyAV, from earlier keyframes if need be
                         elif code != _clips.OK:
-                            errors[i] = ClipError(_clips.describe(code, detail))
+                            errors[i] = ClipError(_clips.describe(code, detail, at))
             read_one = partial(self._read_clip, worker, batch, seed=seed, files=files)
             self._finish_share(batch, later, read_one, errors)
 

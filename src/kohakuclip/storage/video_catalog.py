@@ -93,8 +93,14 @@ class Catalog:
         return len(self.videos)
 
     def where(self, vid: int) -> str:
+        """Where video ``vid`` is, for messages: ``source:member``, or for a GulpIO video its
+        chunk's data file and its id."""
         ref = self.videos[vid]
-        return f"{self.sources[ref.source].path}:{ref.member}"
+        src = self.sources[ref.source]
+        if src.gulp is not None:
+            data_path = src.gulp.frames(src.gulp.position(ref.member))[0]
+            return f"{data_path}: id {ref.member!r}"
+        return f"{src.path}:{ref.member}"
 
     def track(self, vid: int) -> VideoTrack:
         """The frame table of video ``vid`` (cached; thread-safe)."""
