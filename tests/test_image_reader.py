@@ -504,3 +504,18 @@ def test_a_folder_of_shards_and_loose_images_is_refused(shard, tmp_path):
     Image.fromarray(photo(40, 40, seed=1)).save(mixed / "stray.jpg")
     with pytest.raises(ImageSourceError, match=r"mixed: holds both media files \(1, e.g. stray"):
         ImageReader(str(mixed), size=SIZE)
+
+
+def test_info_of_an_unreadable_image_names_the_file(tmp_path):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    (folder / "empty.png").write_bytes(b"")
+    (folder / "text.jpg").write_bytes(b"not a picture at all\n" * 4)
+    with ImageReader(str(folder), size=SIZE) as reader:
+        for k, name in enumerate(["empty.png", "text.jpg"]):
+            with pytest.raises(ImageReadError, match=rf"bad.{name}: ") as caught:
+                reader.info(k)
+            assert "BytesIO" not in str(caught.value)
+            with pytest.raises(ImageReadError, match=rf"bad.{name}: ") as caught:
+                reader.read([k])
+            assert "BytesIO" not in str(caught.value)

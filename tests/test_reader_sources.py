@@ -210,3 +210,42 @@ def test_a_fifo_named_like_a_video_raises_instead_of_waiting(tmp_path) -> None:
         with pytest.raises(ClipError, match=r"clips:b.mp4.*not a regular file"):
             reader.read([(1, [0])])
         assert reader.read([(0, [0, 3])]).video.shape[:2] == (1, 2)
+
+
+UNREADABLE = """
+import sys
+from kohakuclip import ImageReader, KohakuClipError, Reader
+
+for reader in (Reader, ImageReader):
+    try:
+        reader([sys.argv[1]])
+    except KohakuClipError as e:
+        print(type(e).__name__, e)
+"""
+
+
+def test_a_folder_the_process_may_not_read_is_a_source_error(tmp_path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "a.mp4").write_bytes(b"x")
+    command = [sys.executable, "-c", UNREADABLE, str(locked)]
+    if os.geteuid() == 0:  # root reads anything: run without the capabilities that allow it
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv")
+        drop = "--bounding-set=-dac_override,-dac_read_search"
+        command = ["setpriv", "--inh-caps=-all", drop, *command]
+    locked.chmod(0)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    finally:
+        locked.chmod(0o755)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines == [
+        f"SourceError {locked}: Permission denied",
+        f"ImageSourceError {locked}: Permission denied",
+    ]

@@ -21,7 +21,7 @@ from typing import Any
 import cv2
 import numpy as np
 import simplejpeg
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from kohakuclip.decode._resize import Resizer
 from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, frame_planes, yuv420_planes
@@ -135,7 +135,7 @@ class ImageDecoder:
             with Image.open(io.BytesIO(data)) as image:
                 return image.size
         except Exception as e:
-            raise ImageDecodeError(f"cannot read the image header ({e})") from None
+            raise ImageDecodeError(f"cannot read the image header ({_pillow_reason(e)})") from None
 
     # -- decoding ----------------------------------------------------------------------------
     def write(
@@ -325,7 +325,15 @@ def _decode_with_pillow(data: bytes) -> np.ndarray:
             image.load()
             flat = flatten(image)
     except Exception as e:
-        raise ImageDecodeError(f"Pillow cannot decode it ({e})") from None
+        raise ImageDecodeError(f"Pillow cannot decode it ({_pillow_reason(e)})") from None
     if flat.mode != "RGB":
         flat = flat.convert("RGB")
     return np.asarray(flat)
+
+
+def _pillow_reason(error: Exception) -> str:
+    """Pillow's reason, without the repr of the in-memory file it was given (the caller names
+    the real one)."""
+    if isinstance(error, UnidentifiedImageError):
+        return "not an image format Pillow can identify"
+    return str(error) or type(error).__name__

@@ -208,9 +208,13 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         width, height, codec = loc.width, loc.height, loc.codec
         if not codec or not width:
             _, files = self._ensure_process()
-            data = ImageCatalog.read(loc, files)
-            codec = codec or sniff_codec(data)
-            width, height = ImageDecoder(2, "rgb").probe(data, codec)
+            try:
+                data = ImageCatalog.read(loc, files)
+                codec = codec or sniff_codec(data)
+                width, height = ImageDecoder(2, "rgb").probe(data, codec)
+            except (KohakuClipError, OSError) as e:
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+                raise ImageReadError(f"{self._where(image_id, loc)}: {reason}") from None
         size = loc.size if loc.size >= 0 else os.path.getsize(loc.path)  # local folder files
         record = self.metadata(image_id)
         meta = _as_dict(record["meta"])

@@ -73,9 +73,16 @@ def list_image_sources(
         use_index: read shards' KCIMG1 index; False lists their members instead.
     """
     sources = []
-    for path in _expand_shard_folders([local_path(os.fspath(p)) for p in paths]):
+    try:
+        expanded = _expand_shard_folders([local_path(os.fspath(p)) for p in paths])
+    except OSError as e:  # e.g. a folder this process may not read
+        raise ImageSourceError(f"{e.filename}: {e.strerror or e}") from None
+    for path in expanded:
         if not is_url(path):
-            sources.extend(_open_all(path, use_index))
+            try:
+                sources.extend(_open_all(path, use_index))
+            except OSError as e:
+                raise ImageSourceError(f"{e.filename or path}: {e.strerror or e}") from None
             continue
         try:
             sources.extend(_open_remote(objects, path, use_index))

@@ -104,7 +104,10 @@ def list_video_sources(
     """
     lister = _Lister(objects, use_index)
     for path in paths:
-        lister.add(os.fspath(path))
+        try:
+            lister.add(os.fspath(path))
+        except OSError as e:  # e.g. a folder this process may not read
+            raise SourceError(f"{e.filename or os.fspath(path)}: {e.strerror or e}") from None
     return lister.sources, lister.videos
 
 
