@@ -367,6 +367,22 @@ def test_skipped_images_and_min_short(tmp_path):
     assert (keep_all.images, keep_all.skipped) == (2, 1)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifos_and_link_loops_in_an_image_folder(tmp_path):
+    """A FIFO named like an image is skipped as unreadable (opening it would wait forever for
+    a writer); a link back up the tree is not walked again."""
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    Image.fromarray(photo(400, 500, seed=63)).save(src / "sub" / "ok.png")
+    os.mkfifo(src / "pipe.png")
+    (src / "sub" / "up").symlink_to("..")
+    summary = write_images(tmp_path / "out", [src], progress=False)
+    assert (summary.images, summary.skipped) == (1, 1)
+    lines = [json.loads(x) for x in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
+    assert [(x["key"], x["reason"]) for x in lines] == [("pipe", "unreadable")]
+    assert "not a regular file" in lines[0]["detail"]
+
+
 def test_write_images_other_codec_and_pillow_backend(tmp_path):
     paths, _expected = _sources(tmp_path)
     summary = write_images(tmp_path / "out", paths[:2], codec="webp", backend="pillow",

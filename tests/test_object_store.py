@@ -668,11 +668,12 @@ def _env_with_src() -> dict[str, str]:
 def test_killed_video_writer_leaves_nothing_half_written(s3, videos, local_write, tmp_path):
     from kohakuclip.write.cli import main as write_main
 
-    # the same videos, then a FIFO that sorts last: the writer blocks reading it, so it is
-    # killed mid-run at a known point (every real video's shard finished, the run not)
+    # the same videos, then one that sorts last and becomes a FIFO once the sources are listed
+    # (a FIFO listed as one is skipped): the writer blocks opening it, so it is killed mid-run
+    # at a known point (every real video's shard finished, the run not)
     sources = tmp_path / "sources"
     shutil.copytree(videos, sources)
-    os.mkfifo(sources / "zz.mp4")
+    (sources / "zz.mp4").write_bytes(b"replaced by a FIFO")
     url = f"s3://{BUCKET}/killed/"
     staging = tmp_path / "staging"
     command = [sys.executable, "-m", "kohakuclip.write.cli", url, str(sources), "--staging"]
@@ -684,6 +685,11 @@ def test_killed_video_writer_leaves_nothing_half_written(s3, videos, local_write
     )
     try:
         deadline = time.monotonic() + WRITE_TIMEOUT
+        while not list(staging.glob("shard_*")) and proc.poll() is None:  # listed by now
+            assert time.monotonic() < deadline, "the writer started no shard in time"
+            time.sleep(0.01)
+        os.remove(sources / "zz.mp4")
+        os.mkfifo(sources / "zz.mp4")
         while len(list(staging.glob("shard_*.zip"))) < 3 and proc.poll() is None:
             assert time.monotonic() < deadline, "the writer wrote no shard in time"
             time.sleep(0.02)

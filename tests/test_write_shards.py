@@ -227,11 +227,11 @@ def test_interrupted_run_resumes_to_the_same_shards(tmp_path, monkeypatch) -> No
     real = shards.encode_video
     calls = []
 
-    def flaky(data, settings, name):
+    def flaky(data, settings, name, **kw):
         calls.append(name)
         if len(calls) == 4:
             raise KeyboardInterrupt
-        return real(data, settings, name)
+        return real(data, settings, name, **kw)
 
     out = tmp_path / "out"
     monkeypatch.setattr(shards, "encode_video", flaky)
@@ -293,3 +293,31 @@ def test_demo_cli(tmp_path, capsys) -> None:
     rows = manifest(tmp_path / "shards")
     assert [r["frames"] for r in rows] == [12, 12]
     assert all(r["caption"].startswith("sample video") for r in rows)
+
+
+@pytest.mark.timeout(120)  # a FIFO read as a video would block forever
+def test_dangling_links_fifos_and_symlink_loops_in_a_folder(tmp_path) -> None:
+    src = make_folder(tmp_path / "src", {"a.mp4": clip(0)})
+    (src / "dangling.mp4").symlink_to(tmp_path / "gone.mp4")
+    os.mkfifo(src / "pipe.mp4")
+    (src / "sub").mkdir()
+    (src / "sub" / "loop").symlink_to(src)  # src/sub/loop/sub/loop/... is src again
+    out = tmp_path / "out"
+    result = write_videos(out, [src], **FAST)
+    assert (result.videos, result.skipped) == (1, 2)
+    assert [r["member"] for r in manifest(out)] == ["a.mp4"]
+    lines = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
+    reasons = {Path(line["source"]).name: line["reason"] for line in lines}
+    assert "cannot read" in reasons["dangling.mp4"]
+    assert "not a regular file" in reasons["pipe.mp4"]
+
+
+def test_a_corrupt_encoding_json_is_named(tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    write_videos(out, [("a.mp4", clip(0))], **FAST)
+    (out / "encoding.json").write_text("{oops")
+    with pytest.raises(WriteError, match=r"encoding\.json: not a valid"):
+        write_videos(out, [("a.mp4", clip(0))], resume=True, **FAST)
+    folder = make_folder(tmp_path / "videos", {"a.mp4": clip(0)})
+    assert cli.main([str(out), str(folder), "--resume", "--preset", "12", "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith(f"kohakuclip-write: error: {out / 'encoding.json'}:")

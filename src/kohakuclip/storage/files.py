@@ -10,10 +10,10 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["FileCache"]
+__all__ = ["FileCache", "open_regular"]
 
 
-def _open_regular(path: str) -> int:
+def open_regular(path: str) -> int:
     """A read-only descriptor of the regular file ``path``. Opened without blocking, so that a
     FIFO (or a device) with a video's name raises instead of waiting forever for a writer."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -51,7 +51,7 @@ class FileCache:
                 slot[1] += 1
                 self._open.move_to_end(path)
         if slot is None:
-            fd = _open_regular(path)
+            fd = open_regular(path)
             with self._lock:
                 slot = self._open.get(path)
                 if slot is None:

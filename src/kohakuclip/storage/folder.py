@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 __all__ = ["list_folder", "media_or_shards", "mixed_message"]
 
 
-def list_folder(path: str | os.PathLike[str], suffixes: Iterable[str]) -> list[str]:
+def list_folder(
+    path: str | os.PathLike[str],
+    suffixes: Iterable[str],
+    on_error: Callable[[OSError], None] | None = None,
+) -> list[str]:
     """Paths (relative to ``path``, '/'-separated, sorted) of files whose suffix is wanted.
 
     Symbolic links to folders are followed, each folder once: a link back up the tree (a
-    cycle) or a second link to the same folder adds nothing."""
+    cycle) or a second link to the same folder adds nothing. A folder that cannot be listed
+    is left out, and given to ``on_error`` (e.g. to report it) when there is one."""
     root = os.fspath(path)
     wanted = tuple(s.lower() for s in suffixes)
     out = []
     seen: set[tuple[int, int]] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=on_error, followlinks=True):
         here = os.stat(dirpath)
         if (here.st_dev, here.st_ino) in seen:
             dirnames.clear()

@@ -4,15 +4,16 @@ shards."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from kohakuclip.formats import SKIPPED_FILE
 from kohakuclip.write.merge import MergeError
 from kohakuclip.write.parts import OutputNames, Part, part_argument
-from kohakuclip.write.settings import DEFAULT_CRF, DEFAULT_PRESET, ENCODERS
+from kohakuclip.write.settings import DEFAULT_CRF, DEFAULT_PRESET, ENCODERS, EncodeSettings
 from kohakuclip.write.shards import WriteError, write_videos
-from kohakuclip.write.upload import output_arguments, staged_main
+from kohakuclip.write.upload import output_arguments, positive_int, staged_main
 
 __all__ = ["main"]
 
@@ -55,10 +56,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep AV1's deblocking, CDEF and loop restoration (off by default: faster decode)",
     )
-    p.add_argument("--per-shard", type=int, default=1000, help="videos per shard (default: 1000)")
+    p.add_argument(
+        "--per-shard", type=positive_int, default=1000, help="videos per shard (default: 1000)"
+    )
     p.add_argument("--container", choices=("zip", "tar"), default="zip", help="default: zip")
     p.add_argument(
-        "--workers", type=int, default=None, help="videos encoded at once (default: CPUs)"
+        "--workers", type=positive_int, default=None, help="videos encoded at once (default: CPUs)"
     )
     p.add_argument(
         "--backend",
@@ -83,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--ray-parts",
-        type=int,
+        type=positive_int,
         default=None,
         help="parts (tasks) for --ray (default: the cluster's CPUs / --workers)",
     )
@@ -92,7 +95,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return staged_main(parser(), _write, argv)
+    return staged_main(parser(), _write, argv, _check)
+
+
+def _check(args: argparse.Namespace) -> None:
+    """The options ``write_videos`` would refuse, refused before anything is read."""
+    EncodeSettings(args.codec, args.crf, args.gop, args.preset, args.max_short, args.loop_filters)
+    if args.part is not None:
+        Part.parse(args.part)
+        if args.ray:
+            raise ValueError("--ray runs every part itself: pass --part or --ray, not both")
+    if args.ray_parts is not None and not args.ray:
+        raise ValueError("--ray-parts needs --ray")
 
 
 def _write(args: argparse.Namespace, out: str) -> int:
@@ -121,6 +135,13 @@ def _write(args: argparse.Namespace, out: str) -> int:
         print(f"kohakuclip-write: error: {e}", file=sys.stderr)
         return 2
     log = OutputNames(Part.parse(args.part)).skipped if args.part else SKIPPED_FILE
+    if result.videos + result.resumed_videos == 0 and (result.skipped or args.part is None):
+        if result.skipped:
+            what = f"0 of {result.skipped} videos stored, see {os.path.join(args.out, log)}"
+        else:
+            what = f"no videos found under {', '.join(args.sources)}"
+        print(f"kohakuclip-write: error: {what}", file=sys.stderr)
+        return 1
     print(
         f"{result.videos} videos ({result.seconds / 60:.1f} min) in {len(result.shards)} shards, "
         f"{result.skipped} skipped (see {log}), in {args.out}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import threading
 from fractions import Fraction
 
 import av
@@ -32,6 +33,7 @@ __all__ = ["FFMPEG_ENV", "encode_video_ffmpeg"]
 
 
 FFMPEG_ENV = "KOHAKUCLIP_FFMPEG"
+_STOP_POLL_SECONDS = 0.2
 
 
 def ffmpeg_binary() -> str:
@@ -82,14 +84,39 @@ def _command(
     return command
 
 
+def _run(command: list[str], name: str, stop: threading.Event | None) -> tuple[int, bytes]:
+    """Run ffmpeg to the end (its exit status and stderr), or kill it once ``stop`` is set."""
+    try:
+        child = subprocess.Popen(
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=drop_realtime_privilege(),
+        )
+    except OSError as e:
+        raise EncodeError(f"{name}: cannot run ffmpeg ({e})") from None
+    with child:
+        while True:
+            try:
+                _, stderr = child.communicate(timeout=_STOP_POLL_SECONDS)
+            except subprocess.TimeoutExpired:
+                if stop is not None and stop.is_set():
+                    child.kill()
+                    raise EncodeError(f"{name}: interrupted") from None
+            else:
+                return child.returncode, stderr
+
+
 def encode_video_ffmpeg(
     source: SourceInput,
     settings: EncodeSettings | None = None,
     name: str | None = None,
     binary: str | None = None,
+    *,
+    stop: threading.Event | None = None,
 ) -> EncodedVideo:
     """``encode_video`` through the ffmpeg command line; in-memory sources go through a
-    temporary file (mp4 inputs need a seekable file)."""
+    temporary file (mp4 inputs need a seekable file). Setting ``stop`` kills the ffmpeg run."""
     settings = settings or EncodeSettings()
     name = name or source_name(source)
     probe = _probe(source, settings, name)
@@ -102,15 +129,10 @@ def encode_video_ffmpeg(
                 f.write(bytes(source))
         output = os.path.join(work, "out.mp4")
         command = _command(binary or ffmpeg_binary(), path, output, probe, settings)
-        try:
-            run = subprocess.run(
-                command, capture_output=True, check=False, preexec_fn=drop_realtime_privilege()
-            )
-        except OSError as e:
-            raise EncodeError(f"{name}: cannot run ffmpeg ({e})") from None
-        if run.returncode != 0:
-            lines = run.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise EncodeError(f"{name}: ffmpeg failed ({lines[-1] if lines else run.returncode})")
+        returncode, stderr = _run(command, name, stop)
+        if returncode != 0:
+            lines = stderr.decode("utf-8", "replace").strip().splitlines()
+            raise EncodeError(f"{name}: ffmpeg failed ({lines[-1] if lines else returncode})")
         with open(output, "rb") as f:
             data = f.read()
     try:

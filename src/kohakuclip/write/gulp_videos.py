@@ -11,6 +11,7 @@ are still read.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -108,9 +109,14 @@ def list_gulp_videos(
 
 
 def encode_gulp_video(
-    video: GulpVideo, settings: EncodeSettings | None = None, name: str | None = None
+    video: GulpVideo,
+    settings: EncodeSettings | None = None,
+    name: str | None = None,
+    *,
+    stop: threading.Event | None = None,
 ) -> EncodedVideo:
-    """Encode one gulp video from its JPEG frames (in process, with PyAV)."""
+    """Encode one gulp video from its JPEG frames (in process, with PyAV); ``stop`` as for
+    ``encode_frames``."""
     settings = settings or EncodeSettings()
     name = name or f"{video.index.root}::{video.id}"
     rate = Fraction(video.fps).limit_denominator(1001)
@@ -122,4 +128,4 @@ def encode_gulp_video(
         return SourceProbe(frame.width, frame.height, rate, layout)
 
     frames = (av.VideoFrame.from_ndarray(rgb, format="rgb24") for rgb in video.frames())
-    return encode_frames(frames, plan, settings, name)
+    return encode_frames(frames, plan, settings, name, stop=stop)

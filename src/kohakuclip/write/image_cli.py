@@ -7,10 +7,10 @@ import sys
 from collections.abc import Sequence
 
 from kohakuclip.write.image_codecs import CODEC_ALIASES, JPEG_ENCODERS, STORAGE_CODECS
-from kohakuclip.write.image_sources import ImageInputError
-from kohakuclip.write.images import write_images
-from kohakuclip.write.parts import part_argument
-from kohakuclip.write.upload import output_arguments, staged_main
+from kohakuclip.write.images import check_options, write_images
+from kohakuclip.write.parts import OutputNames, Part, part_argument
+from kohakuclip.write.shards import WriteError
+from kohakuclip.write.upload import output_arguments, positive_int, staged_main
 
 __all__ = ["main"]
 
@@ -29,8 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--min-short", type=int, default=384, help="drop images whose short side is smaller"
     )
-    p.add_argument("--per-shard", type=int, default=10000, help="images per shard")
-    p.add_argument("--workers", type=int, default=None, help="encoding threads (default: CPUs)")
+    p.add_argument("--per-shard", type=positive_int, default=10000, help="images per shard")
+    p.add_argument(
+        "--workers", type=positive_int, default=None, help="encoding threads (default: CPUs)"
+    )
     p.add_argument(
         "--codec",
         choices=[*STORAGE_CODECS, *CODEC_ALIASES],
@@ -53,7 +55,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return staged_main(_parser(), _write, argv)
+    return staged_main(_parser(), _write, argv, _check)
+
+
+def _check(args: argparse.Namespace) -> None:
+    """The options ``write_images`` would refuse, refused before anything is read."""
+    check_options(args.quality, args.max_short, args.min_short, args.codec, args.jpeg_encoder)
+    if args.part is not None:
+        Part.parse(args.part)
 
 
 def _write(args: argparse.Namespace, out: str) -> int:
@@ -73,12 +82,21 @@ def _write(args: argparse.Namespace, out: str) -> int:
             part=args.part,
             resume=args.resume,
         )
-    except (ImageInputError, ValueError) as e:
-        print(f"kohakuclip-write-images: {e}", file=sys.stderr)
+    except (WriteError, ValueError) as e:
+        print(f"kohakuclip-write-images: error: {e}", file=sys.stderr)
         return 2
+    names = OutputNames(Part.parse(args.part) if args.part else None)
+    log = f"{args.out.rstrip('/')}/{names.skipped}"
+    if summary.images == 0 and (summary.skipped or args.part is None):
+        if summary.skipped:
+            what = f"0 of {summary.skipped} images stored, see {log}"
+        else:
+            what = f"no images found under {', '.join(args.sources)}"
+        print(f"kohakuclip-write-images: error: {what}", file=sys.stderr)
+        return 1
     print(
         f"{summary.images} images in {len(summary.shards)} shards, {summary.skipped} skipped "
-        f"(see {args.out.rstrip('/')}/skipped.jsonl)",
+        f"(see {log})",
         file=sys.stderr,
     )
     return 0

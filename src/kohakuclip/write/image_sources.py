@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import IMAGE_SUFFIXES
+from kohakuclip.storage.files import open_regular
 from kohakuclip.storage.folder import list_folder
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import ArchiveError, Member, list_zip
@@ -74,8 +75,8 @@ def _iterate(kinds: list[tuple[str, str]]) -> Iterator[SourceImage]:
 
 
 def _read_file(path: str) -> Callable[[], bytes]:
-    def read() -> bytes:
-        with open(path, "rb") as f:
+    def read() -> bytes:  # a FIFO named like an image raises instead of waiting for a writer
+        with os.fdopen(open_regular(path), "rb") as f:
             return f.read()
 
     return read

@@ -19,7 +19,7 @@ import contextlib
 import json
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -33,6 +33,8 @@ from kohakuclip.formats import (
     IMAGE_CODECS,
     IMAGE_MANIFEST_SCHEMA,
     INDEX_MEMBER,
+    MANIFEST_FILE,
+    SKIPPED_FILE,
 )
 from kohakuclip.storage.image_index import encode_image_index, image_records
 from kohakuclip.storage.zip import ZipWriter
@@ -44,7 +46,9 @@ from kohakuclip.write.image_codecs import (
 )
 from kohakuclip.write.image_prepare import Backend, ImageSkip, prepare
 from kohakuclip.write.image_sources import SourceImage, iter_sources
-from kohakuclip.write.parts import OutputNames, Part
+from kohakuclip.write.pack import naming
+from kohakuclip.write.parts import ANY_SHARD_RE, OutputNames, Part
+from kohakuclip.write.shards import WriteError
 
 __all__ = ["EncodedImage", "WriteSummary", "encode_image", "pack_images", "write_images"]
 
@@ -104,7 +108,7 @@ def encode_image(
         ImageSkip: an image that would not be stored (``reason`` "too small", "corrupt" or
             "empty").
     """
-    codec = check_codec(codec, jpeg_encoder)
+    codec = check_options(quality, max_short, min_short, codec, jpeg_encoder)
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
     else:
@@ -124,6 +128,17 @@ def encode_image(
         prepared.source_height,
         len(data),
     )
+
+
+def check_options(
+    quality: int, max_short: int, min_short: int, codec: str, jpeg_encoder: str
+) -> str:
+    """The stored codec's name; ValueError for a setting no encoder takes."""
+    if not 0 <= quality <= 100:
+        raise ValueError(f"quality must be in 0..100, got {quality}")
+    if max_short < 0 or min_short < 0:
+        raise ValueError(f"max_short and min_short must be >= 0, got {max_short}, {min_short}")
+    return check_codec(codec, jpeg_encoder)
 
 
 class _ShardWriter:
@@ -147,7 +162,8 @@ class _ShardWriter:
             name = f"{key}_{n}{image.suffix}"
             n += 1
         self._names.add(name)
-        offset = self._zip.add(name, image.data)
+        with naming(self.path):
+            offset = self._zip.add(name, image.data)
         codec = IMAGE_CODECS.index(image.codec)
         self._rows.append((offset, len(image.data), image.width, image.height, codec, image.color))
         return name
@@ -157,18 +173,21 @@ class _ShardWriter:
         records = image_records(len(self._rows))
         for i, (offset, size, width, height, codec, color) in enumerate(self._rows):
             records[i] = (offset, size, width, height, codec, color, b"\0\0")
-        self._zip.add(INDEX_MEMBER, encode_image_index(records))
-        self._zip.close()
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        with naming(self.path):
+            self._zip.add(INDEX_MEMBER, encode_image_index(records))
+            self._zip.close()
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
         os.replace(self.path + _PARTIAL, self.path)
 
     def abort(self) -> None:
         with contextlib.suppress(Exception):  # the partial file is deleted either way
             self._zip.close()
-        self._file.close()
-        os.unlink(self.path + _PARTIAL)
+        with contextlib.suppress(OSError):  # its buffer may not fit on a full disk
+            self._file.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path + _PARTIAL)
 
 
 def pack_images(
@@ -255,9 +274,11 @@ def _job(item: SourceImage, s: _Settings) -> EncodedImage | ImageSkip:
 
 def _in_order(
     items: Iterator[SourceImage], settings: _Settings, workers: int
-) -> Iterator[tuple[SourceImage, EncodedImage | ImageSkip]]:
-    """Encode on ``workers`` threads, yielding results in source order (bounded look-ahead)."""
-    with ThreadPoolExecutor(workers, thread_name_prefix="kohakuclip-img") as pool:
+) -> Generator[tuple[SourceImage, EncodedImage | ImageSkip]]:
+    """Encode on ``workers`` threads, yielding results in source order (bounded look-ahead);
+    closing it early drops the images not started yet."""
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="kohakuclip-img")
+    try:
         pending: deque[tuple[SourceImage, Future[EncodedImage | ImageSkip]]] = deque()
         for item in items:
             pending.append((item, pool.submit(_job, item, settings)))
@@ -267,6 +288,8 @@ def _in_order(
         while pending:
             done, future = pending.popleft()
             yield done, future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def write_images(
@@ -309,20 +332,26 @@ def write_images(
     Raises:
         ValueError: an invalid setting, or a codec whose package is missing.
     """
-    codec = check_codec(codec, jpeg_encoder)
+    codec = check_options(quality, max_short, min_short, codec, jpeg_encoder)
     if per_shard < 1:
         raise ValueError(f"per_shard must be >= 1, got {per_shard}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
     if backend not in ("native", "pillow"):
         raise ValueError(f"unknown backend {backend!r}; one of native, pillow")
     settings = _Settings(codec, quality, max_short, min_short, jpeg_encoder, backend, per_shard)
     workers = workers or os.cpu_count() or 1
     names = OutputNames(Part.parse(part) if part is not None else None)
     out = os.fspath(out_dir)
-    os.makedirs(out, exist_ok=True)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise WriteError(f"{out}: exists and is not a folder")
     items = iter_sources(list(sources))
+    os.makedirs(out, exist_ok=True)
     if names.part is not None:
         _check_parts(out, names.part, settings)
         items = iter(names.part.select(list(items), key=lambda item: item.origin))
+    if not resume:
+        _refuse_earlier(out, names)
     if resume:
         finished = _finished(out, names)
         if finished is not None:
@@ -338,8 +367,9 @@ def write_images(
         with (
             open(skipped_tmp, "w", encoding="utf-8") as skipped,
             tqdm(unit="img", disable=not progress, desc="images") as bar,
+            contextlib.closing(_in_order(items, settings, workers)) as results,
         ):
-            for item, result in _in_order(items, settings, workers):
+            for item, result in results:
                 bar.update(1)
                 if isinstance(result, ImageSkip):
                     line = {"source": item.origin, "key": item.key, "reason": result.reason}
@@ -366,7 +396,11 @@ def write_images(
     except BaseException:
         if shard is not None:
             shard.abort()
-        manifest.close()
+        with contextlib.suppress(OSError):
+            manifest.close()
+        for temp in (manifest_tmp, skipped_tmp):
+            with contextlib.suppress(OSError):
+                os.remove(temp)
         raise
     os.replace(manifest_tmp, os.path.join(out, names.manifest))
     os.replace(skipped_tmp, os.path.join(out, names.skipped))
@@ -393,6 +427,25 @@ def _check_parts(out: str, part: Part, settings: _Settings) -> None:
         changed = [k for k, v in mine.items() if other.get(k) != v]
         if changed:
             raise ValueError(f"{out}: {name} was written with other {', '.join(changed)}")
+
+
+def _refuse_earlier(out: str, names: OutputNames) -> None:
+    """Without ``resume``, refuse a folder holding an earlier run's (part's) files, or, for a
+    whole run, any writer's: they would be overwritten."""
+    record = names.prefix + ENCODING_FILE
+    whole_run = (MANIFEST_FILE, ENCODING_FILE, SKIPPED_FILE)
+    for name in sorted(os.listdir(out)):
+        if names.part is None:
+            earlier = bool(ANY_SHARD_RE.match(name)) or name in whole_run
+        else:
+            mine = name.startswith(names.prefix) and name.endswith(_PARTIAL)
+            earlier = mine or names.owns(name) or name == record
+        if earlier:
+            what = "an earlier run" + ("" if names.part is None else f" of part {names.part}")
+            raise WriteError(
+                f"{out}: holds {what} ({name}); pass resume=True (--resume) to continue it, "
+                "or choose another folder"
+            )
 
 
 def _finished(out: str, names: OutputNames) -> WriteSummary | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import BinaryIO, Literal, cast, get_args
 
@@ -33,7 +33,7 @@ from kohakuclip.storage.tar import TarWriter
 from kohakuclip.storage.zip import ZipWriter
 from kohakuclip.write.layout import is_hd
 
-__all__ = ["TEMP_SUFFIX", "Container", "PackError", "ShardWriter", "pack"]
+__all__ = ["TEMP_SUFFIX", "Container", "PackError", "ShardWriter", "naming", "pack"]
 
 
 Container = Literal["zip", "tar"]
@@ -43,6 +43,18 @@ TEMP_SUFFIX = ".tmp"
 
 class PackError(KohakuClipError, ValueError):
     """A member that cannot go into a shard (bad name, duplicate, not a supported mp4)."""
+
+
+@contextlib.contextmanager
+def naming(path: str) -> Iterator[None]:
+    """Re-raise an OSError that names no file (a full disk while writing) as one naming
+    ``path``, the file being written."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, path) from e
 
 
 def container_of(path: str | os.PathLike[str]) -> Container:
@@ -113,7 +125,8 @@ class ShardWriter:
                 )
         except ValueError as e:
             raise PackError(str(e)) from None
-        base = self._writer.add(name, mp4)
+        with naming(self.path):
+            base = self._writer.add(name, mp4)
         if track.codec == "av1":
             self._av1.append((name, deps))
         records = np.zeros(len(samples), dtype=FRAME_RECORD)
@@ -147,11 +160,12 @@ class ShardWriter:
         """Write the dependency and index members, then rename the shard into place."""
         index = self.index()
         try:
-            self._writer.add(INDEX_MEMBER, index.to_bytes())
-            self._writer.close()
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
+            with naming(self.path):
+                self._writer.add(INDEX_MEMBER, index.to_bytes())
+                self._writer.close()
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
             os.replace(self.temp_path, self.path)
         except BaseException:
             self.abort()

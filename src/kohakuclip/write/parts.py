@@ -19,12 +19,14 @@ from typing import TypeVar
 
 from kohakuclip.formats import MANIFEST_FILE, PART_PREFIX, SKIPPED_FILE
 
-__all__ = ["OutputNames", "Part", "part_argument"]
+__all__ = ["ANY_SHARD_RE", "OutputNames", "Part", "part_argument"]
 
 
 T = TypeVar("T")
 
 _PART_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+ANY_SHARD_RE = re.compile(r"^(part-\d+-of-\d+\.)?shard_\d{5,}\.(zip|tar)$")
+"""Any writer run's (or part's) shard name."""
 
 
 @dataclass(frozen=True)

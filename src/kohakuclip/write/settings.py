@@ -86,8 +86,8 @@ class EncodeSettings:
         crf = DEFAULT_CRF[self.codec] if self.crf is None else int(self.crf)
         preset = DEFAULT_PRESET[self.codec] if self.preset is None else self.preset
         if self.codec == "av1":
-            if not str(preset).lstrip("-").isdigit():
-                raise ValueError(f"AV1 preset must be a number (SVT-AV1 -1..13), got {preset!r}")
+            if not str(preset).lstrip("-").isdigit() or not -1 <= int(preset) <= 13:
+                raise ValueError(f"AV1 preset must be a number in -1..13 (SVT-AV1), got {preset!r}")
             if not 0 <= crf <= 63:
                 raise ValueError(f"AV1 crf must be in 0..63, got {crf}")
             params = [f"keyint={self.gop}", "irefresh-type=2", "scd=0", "lp=1"]

@@ -16,16 +16,17 @@ every part as a Ray task (``write.ray_launcher``) and merges them (``write.merge
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
-import re
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import av
 import pyarrow as pa
@@ -35,8 +36,8 @@ from tqdm import tqdm
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import ENCODING_FILE, MANIFEST_FILE, VIDEO_MANIFEST_SCHEMA, VideoEntry
 from kohakuclip.write.gulp_videos import encode_gulp_video
-from kohakuclip.write.pack import TEMP_SUFFIX, Container, PackError, ShardWriter
-from kohakuclip.write.parts import OutputNames, Part
+from kohakuclip.write.pack import TEMP_SUFFIX, Container, PackError, ShardWriter, naming
+from kohakuclip.write.parts import ANY_SHARD_RE, OutputNames, Part
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.sources import Source, expand_sources
 from kohakuclip.write.video import EncodedVideo, EncodeError, encode_video
@@ -45,11 +46,23 @@ __all__ = ["PARTS_DIR", "WriteError", "WriteResult", "write_videos"]
 
 
 Backend = Literal["native", "ffmpeg"]
-Encoder = Callable[[str | bytes, EncodeSettings, str], EncodedVideo]
+
+
+class Encoder(Protocol):
+    """A backend's ``encode_video``."""
+
+    def __call__(
+        self,
+        source: str | bytes,
+        settings: EncodeSettings,
+        name: str,
+        *,
+        stop: threading.Event | None = None,
+    ) -> EncodedVideo: ...
+
 
 PARTS_DIR = OutputNames().pending
 """Per-shard manifest rows of an unfinished run; merged into manifest.parquet at the end."""
-_ANY_SHARD_RE = re.compile(r"^(part-\d+-of-\d+\.)?shard_\d{5,}\.(zip|tar)$")
 
 _RESUME_KEYS = ("settings", "container", "per_shard", "backend", "gulp_fps", "parts")
 
@@ -88,19 +101,31 @@ class _Done:
     next_shard: int = 0
 
 
+@contextlib.contextmanager
+def _replacing(path: str, temp: str) -> Iterator[None]:
+    """Write ``temp`` in the block, then rename it to ``path``; a failed write removes it."""
+    try:
+        with naming(path):
+            yield
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temp)
+        raise
+
+
 def _atomic_write(path: str, data: bytes, temp: str | None = None) -> None:
     temp = temp or path + TEMP_SUFFIX
-    with open(temp, "wb") as f:
+    with _replacing(path, temp), open(temp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(temp, path)
 
 
 def _write_table(path: str, rows: list[dict[str, Any]]) -> None:
     temp = path + TEMP_SUFFIX
-    pq.write_table(pa.Table.from_pylist(rows, schema=VIDEO_MANIFEST_SCHEMA), temp)
-    os.replace(temp, path)
+    with _replacing(path, temp):
+        pq.write_table(pa.Table.from_pylist(rows, schema=VIDEO_MANIFEST_SCHEMA), temp)
 
 
 def _read_rows(path: str) -> list[dict[str, Any]]:
@@ -136,18 +161,25 @@ def _run_config(
 def _prepare(out: str, config: dict, resume: bool, names: OutputNames) -> _Done:
     """Check the output folder: new, an earlier run to resume with the same settings, or (for a
     part) a folder the other parts of the same job write into."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise WriteError(f"{out}: exists and is not a folder")
     os.makedirs(out, exist_ok=True)
     settings_path = os.path.join(out, ENCODING_FILE)
     listing = os.listdir(out)
     mine = [n for n in listing if names.owns(n)] + [n for n in listing if n == names.pending]
     if not os.path.exists(settings_path):
-        if any(_ANY_SHARD_RE.match(n) or n == MANIFEST_FILE for n in listing):
+        if any(ANY_SHARD_RE.match(n) or n == MANIFEST_FILE for n in listing):
             raise WriteError(f"{out}: holds shards without {ENCODING_FILE}; choose another folder")
         temp = os.path.join(out, f"{names.prefix}{ENCODING_FILE}{TEMP_SUFFIX}")
         _atomic_write(settings_path, json.dumps(config, indent=2).encode(), temp)
         return _Done()
     with open(settings_path, "rb") as f:
-        earlier = json.load(f)
+        try:
+            earlier = json.load(f)
+        except ValueError as e:
+            earlier = e
+    if not isinstance(earlier, dict):
+        raise WriteError(f"{settings_path}: not a valid {ENCODING_FILE} ({earlier})")
     changed = [k for k in _RESUME_KEYS if earlier.get(k) != config[k]]
     what = "an earlier run" if names.part is None else f"an earlier run of part {names.part}"
     if (names.part is None or mine) and not resume:
@@ -217,18 +249,18 @@ def _encoder(backend: Backend) -> Encoder:
 
 
 def _prepare_one(
-    source: Source, settings: EncodeSettings, encoder: Encoder
+    source: Source, settings: EncodeSettings, encoder: Encoder, stop: threading.Event
 ) -> tuple[EncodedVideo, dict[str, Any]]:
     """Worker: labels first (cheap, may fail), then load and encode (gulp videos: from their
-    frames, in process whatever the backend)."""
+    frames, in process whatever the backend); ``stop`` abandons the encode."""
     labels = source.labels()
     if source.gulp is not None:
-        return encode_gulp_video(source.gulp, settings, source.origin), labels
+        return encode_gulp_video(source.gulp, settings, source.origin, stop=stop), labels
     try:
         data = source.load()
     except OSError as e:
         raise EncodeError(f"{source.origin}: cannot read ({e.strerror or e})") from None
-    return encoder(data, settings, source.origin), labels
+    return encoder(data, settings, source.origin, stop=stop), labels
 
 
 def _in_order(
@@ -275,9 +307,10 @@ class _Run:
         self._skipped = open(os.path.join(out, names.skipped), "a", encoding="utf-8")
 
     def skip(self, origin: str, reason: str) -> None:
-        self._skipped.write(json.dumps({"source": origin, "reason": reason}, ensure_ascii=False))
-        self._skipped.write("\n")
-        self._skipped.flush()
+        line = json.dumps({"source": origin, "reason": reason}, ensure_ascii=False)
+        with naming(self._skipped.name):
+            self._skipped.write(line + "\n")
+            self._skipped.flush()
         self.result.skipped += 1
 
     def add(self, source: Source, video: EncodedVideo, labels: dict[str, Any]) -> None:
@@ -417,6 +450,10 @@ def write_videos(
         raise ValueError(f"per_shard must be at least 1, got {per_shard}")
     if gulp_fps is not None and not gulp_fps > 0:
         raise ValueError(f"gulp_fps must be positive, got {gulp_fps}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if ray_parts is not None and (not ray or ray_parts < 1):
+        raise ValueError(f"ray_parts must be at least 1, and needs ray=True, got {ray_parts}")
     _encoder(backend)
     if isinstance(sources, str | os.PathLike):
         sources = [sources]
@@ -473,9 +510,10 @@ class _Job:
                 run.skip(origin, reason)
         bar = tqdm(total=len(todo), unit="video", disable=not progress, dynamic_ncols=True)
         started = time.perf_counter()
+        stop = threading.Event()
         try:
             with ThreadPoolExecutor(workers, thread_name_prefix="kohakuclip-encode") as pool:
-                work = lambda source: _prepare_one(source, settings, encoder)  # noqa: E731
+                work = lambda source: _prepare_one(source, settings, encoder, stop)  # noqa: E731
                 try:
                     for source, future in _in_order(pool, todo, work, 2 * workers):
                         try:
@@ -492,6 +530,7 @@ class _Job:
                         bar.set_postfix(video=f"{seconds / 60:.1f} min", speed=f"{rate:.2f}x")
                     run.finish_shard()
                 except BaseException:
+                    stop.set()  # the encodes in flight end at their next frame
                     pool.shutdown(wait=False, cancel_futures=True)
                     run.abort()
                     raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,13 +155,34 @@ def _file_sidecars(path: str) -> dict[str, bytes]:
     return found
 
 
-def _file_source(path: str, name: str) -> Source:
-    return Source(name, path, os.path.getsize(path), _file_sidecars(path), path=path)
+def _file_source(path: str, name: str) -> Source | tuple[str, str]:
+    """The video at ``path``, or (path, reason) for a dangling link, a FIFO, a device ..."""
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        return path, f"{path}: cannot read ({e.strerror or e})"
+    if not stat.S_ISREG(info.st_mode):
+        return path, f"{path}: not a regular file"
+    return Source(name, path, info.st_size, _file_sidecars(path), path=path)
 
 
-def _folder_sources(root: str) -> list[Source]:
-    names = list_folder(root, VIDEO_SUFFIXES)
-    return [_file_source(os.path.join(root, *name.split("/")), name) for name in names]
+def _folder_sources(root: str) -> tuple[list[Source], list[tuple[str, str]]]:
+    """The videos below ``root``, and (path, reason) of the folders and files that cannot be
+    read."""
+    unreadable: list[tuple[str, str]] = []
+
+    def failed(e: OSError) -> None:
+        unreadable.append((str(e.filename), f"{e.filename}: cannot list ({e.strerror or e})"))
+
+    names = list_folder(root, VIDEO_SUFFIXES, on_error=failed)
+    sources = []
+    for name in names:
+        found = _file_source(os.path.join(root, *name.split("/")), name)
+        if isinstance(found, Source):
+            sources.append(found)
+        else:
+            unreadable.append(found)
+    return sources, unreadable
 
 
 def _tar_sources(archive: str) -> list[Source]:
@@ -219,9 +241,10 @@ def expand_sources(
     folder every video file below it (sorted), a ``.tar`` every video member (archive order),
     a gulp directory (one holding ``data_<i>.gulp`` / ``meta_<i>.gmeta``) every id, in chunk
     order, at ``gulp_fps`` if given (see ``write.gulp_videos``), a ``(name, bytes)`` pair or a
-    ``Source`` itself. A missing path raises FileNotFoundError before anything is done (a typo
-    should not silently drop a folder); a tar or a gulp chunk that cannot be read is reported
-    in ``unreadable``."""
+    ``Source`` itself. A missing path raises FileNotFoundError, and a zip ValueError, before
+    anything is done (a typo should not silently drop a folder); a tar or a gulp chunk that
+    cannot be read, a folder that cannot be listed and a file that is not a regular one (a
+    FIFO, a dangling link) are reported in ``unreadable``. Symlink loops are not followed."""
     found: list[Source] = []
     unreadable: list[tuple[str, str]] = []
     for item in items:
@@ -237,14 +260,25 @@ def expand_sources(
                 found.extend(videos)
                 unreadable.extend(bad)
             elif os.path.isdir(path):
-                found.extend(_folder_sources(path))
+                videos, bad = _folder_sources(path)
+                found.extend(videos)
+                unreadable.extend(bad)
             elif not os.path.exists(path):
                 raise FileNotFoundError(f"{path}: no such file or folder")
+            elif path.lower().endswith(".zip"):
+                raise ValueError(
+                    f"{path}: zip archives are not a video source (give video files, folders, "
+                    ".tar archives or gulp directories)"
+                )
             elif path.lower().endswith(".tar"):
                 try:
                     found.extend(_tar_sources(path))
                 except (ArchiveError, OSError) as e:
                     unreadable.append((path, str(e)))
             else:
-                found.append(_file_source(path, os.path.basename(path)))
+                source = _file_source(path, os.path.basename(path))
+                if isinstance(source, Source):
+                    found.append(source)
+                else:
+                    unreadable.append(source)
     return Expansion(found, unreadable)

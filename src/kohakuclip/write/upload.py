@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from kohakuclip.storage.remote import (
     put_object,
 )
 
-__all__ = ["output_arguments", "run_staged", "staged_main"]
+__all__ = ["output_arguments", "positive_int", "run_staged", "staged_main"]
 
 
 SHARD_SUFFIXES = (".zip", ".tar")
@@ -37,13 +39,27 @@ def _order(name: str) -> tuple[int, str]:
     return (0 if name.endswith(SHARD_SUFFIXES) else 1, name)
 
 
+def _prefix(url: str) -> str:
+    return url if url.endswith("/") else url + "/"
+
+
+def present_objects(url: str, options: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """Size by URL of every object under the prefix ``url`` (ObjectStoreError when the store
+    cannot be reached or refuses the credentials)."""
+    return {found: int(meta["size"]) for found, meta in list_objects(_prefix(url), options)}
+
+
 def upload_folder(
-    local: str, url: str, options: Mapping[str, Any] | None = None
+    local: str,
+    url: str,
+    options: Mapping[str, Any] | None = None,
+    present: Mapping[str, int] | None = None,
 ) -> list[tuple[str, int]]:
     """Upload every file under ``local`` to the prefix ``url`` (ending in ``/``), shards first,
-    skipping objects already there with the same size; returns (URL, bytes) of each upload."""
-    prefix = url if url.endswith("/") else url + "/"
-    present = {found: int(meta["size"]) for found, meta in list_objects(prefix, options)}
+    skipping objects already there with the same size (``present``: a listing taken earlier);
+    returns (URL, bytes) of each upload."""
+    prefix = _prefix(url)
+    present = present_objects(prefix, options) if present is None else present
     names = []
     for folder, _, files in os.walk(local):
         for name in files:
@@ -72,14 +88,16 @@ class Staging:
 def staged(out: str, staging: str | None = None) -> Iterator[Staging]:
     """The folder a writer builds into for the output URL ``out``: ``staging`` (kept, for
     ``--resume``), or a temporary one removed afterwards; uploaded at the end of the block when
-    marked done."""
+    marked done. The prefix is listed first: an unreachable store or bad credentials fail
+    before anything is encoded."""
+    present = present_objects(out)
     folder = staging or tempfile.mkdtemp(prefix="kohakuclip-upload-")
     os.makedirs(folder, exist_ok=True)
     stage = Staging(folder)
     try:
         yield stage
         if stage.done:
-            upload_folder(folder, out)
+            upload_folder(folder, out, present=present)
     finally:
         if staging is None:
             shutil.rmtree(folder, ignore_errors=True)
@@ -100,14 +118,64 @@ def output_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread like KeyboardInterrupt so the writer cleans up."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def os_error_message(error: OSError) -> str:
+    """``path: reason`` for an OSError naming a file, else its text."""
+    if error.filename is not None and error.strerror:
+        return f"{error.filename}: {error.strerror}"
+    return str(error)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def staged_main(
     parser: argparse.ArgumentParser,
     write: Callable[[argparse.Namespace, str], int],
     argv: Sequence[str] | None,
+    check: Callable[[argparse.Namespace], None] | None = None,
 ) -> int:
-    """A writer CLI (``output_arguments`` in its parser): ``write(args, folder)``, staged."""
+    """A writer CLI (``output_arguments`` in its parser): ``write(args, folder)``, staged.
+
+    ``check`` validates the options up front (a ValueError is a usage error). Ctrl-C (exit
+    status 130) and SIGTERM (143) stop it after the writer removed its partial files; an output
+    it cannot write is an error naming the path (2)."""
     args = parser.parse_args(argv)
-    return run_staged(args.out, args.staging, lambda out: write(args, out), parser.prog)
+    if args.staging is not None and not is_url(args.out):
+        parser.error("--staging is for a URL output (s3://bucket/prefix/ ...) only")
+    if check is not None:
+        try:
+            check(args)
+        except ValueError as e:
+            parser.error(str(e))
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    try:
+        return run_staged(args.out, args.staging, lambda out: write(args, out), parser.prog)
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        return 130
+    except Terminated:
+        print(f"{parser.prog}: terminated", file=sys.stderr)
+        return 143
+    except OSError as e:
+        print(f"{parser.prog}: error: {os_error_message(e)}", file=sys.stderr)
+        return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def run_staged(out: str, staging: str | None, write: Callable[[str], int], prog: str) -> int:

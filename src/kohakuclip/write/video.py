@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -204,12 +205,17 @@ def _frames(container: Any, stream: Any, name: str) -> Iterator[av.VideoFrame]:
 
 
 def encode_video(
-    source: SourceInput, settings: EncodeSettings | None = None, name: str | None = None
+    source: SourceInput,
+    settings: EncodeSettings | None = None,
+    name: str | None = None,
+    *,
+    stop: threading.Event | None = None,
 ) -> EncodedVideo:
     """Re-encode ``source`` (a path or a video file's bytes) as a faststart mp4 in memory.
 
     Native frame rate (frames renumbered at a constant rate), short side capped and even
     dimensions, upright, 8-bit 4:2:0 limited range tagged BT.601 / BT.709; audio is dropped.
+    Setting ``stop`` abandons the encode at the next frame (EncodeError).
     """
     settings = settings or EncodeSettings()
     name = name or source_name(source)
@@ -219,16 +225,18 @@ def encode_video(
             raise EncodeError(f"{name}: no video stream")
         stream = container.streams.video[0]
         stream.thread_count = 1
-        return _transcode(container, stream, settings, name)
+        return _transcode(container, stream, settings, name, stop)
     finally:
         container.close()
 
 
-def _transcode(container: Any, stream: Any, settings: EncodeSettings, name: str) -> EncodedVideo:
+def _transcode(
+    container: Any, stream: Any, settings: EncodeSettings, name: str, stop: threading.Event | None
+) -> EncodedVideo:
     def plan(frame: av.VideoFrame) -> SourceProbe:
         return probe_frame(frame, stream, settings.max_short)
 
-    return encode_frames(_frames(container, stream, name), plan, settings, name)
+    return encode_frames(_frames(container, stream, name), plan, settings, name, stop=stop)
 
 
 def encode_frames(
@@ -236,11 +244,13 @@ def encode_frames(
     plan: Callable[[av.VideoFrame], SourceProbe],
     settings: EncodeSettings,
     name: str,
+    *,
+    stop: threading.Event | None = None,
 ) -> EncodedVideo:
     """Encode decoded frames as a faststart mp4 in memory (any frame source: a demuxed file,
     decoded JPEGs). ``plan`` takes the first frame and returns the stored layout and rate;
     every frame then goes through the layout's filter chain to the encoder, numbered at that
-    constant rate."""
+    constant rate. Setting ``stop`` (an interrupted writer) abandons it at the next frame."""
     buffer = io.BytesIO()
     output = av.open(buffer, "w", format="mp4")
     probe: SourceProbe | None = None
@@ -249,6 +259,10 @@ def encode_frames(
     finished = False
     try:
         for frame in frames:
+            if stop is not None and stop.is_set():
+                if encoder is not None:
+                    encoder.encode(None)  # SVT-AV1 complains when freed before the end of stream
+                raise EncodeError(f"{name}: interrupted")
             if probe is None:
                 probe = plan(frame)
                 encoder = _add_encoder(output, probe, settings)
