@@ -326,6 +326,9 @@ def test_stacking_frames_of_different_sizes_names_the_frame(tmp_path):
 
 def test_empty_and_missing_directories(tmp_path):
     assert GulpDirectory(str(tmp_path)).num_chunks == 0
+    empty = check_gulp_directory(str(tmp_path))  # nothing to check is a failed check
+    assert not empty.ok and empty.bad_files == [str(tmp_path)]
+    assert empty.lines() == [f"{tmp_path}: no gulp chunks (data_<i>.gulp and meta_<i>.gmeta files)"]
     with pytest.raises(GulpError, match="no gulp chunks"):
         open_gulp_source(str(tmp_path))
     with pytest.raises(GulpError, match="not a directory"):

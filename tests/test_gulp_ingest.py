@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import cv2
 import numpy as np
@@ -295,9 +296,20 @@ def test_register_adapter_writes_a_working_command(tmp_path, monkeypatch, capsys
     assert register_adapter_main(["my_adapters", "SquaresAdapter"]) == 0
     script = tmp_path / "squares_adapter"
     assert os.access(script, os.X_OK)
+    assert capsys.readouterr().out == "wrote squares_adapter: run ./squares_adapter --help\n"
     assert register_adapter_main(["my_adapters", "Nope"]) == 1
     assert register_adapter_main(["no_such_module", "X"]) == 1
-    capsys.readouterr()
+    (tmp_path / "afile").write_text("a file, not a folder")
+    assert register_adapter_main(["my_adapters", "SquaresAdapter", "-o", "afile/x"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("gulp_register_adapter: error: afile/x: Not a directory\n")
+    (tmp_path / "bin").mkdir()
+    assert register_adapter_main(["my_adapters", "SquaresAdapter", "-o", "bin/sq"]) == 0
+    assert capsys.readouterr().out == "wrote bin/sq: run bin/sq --help\n"
+    printed = subprocess.run(
+        ["bin/sq", "--help"], capture_output=True, text=True, env=child_env(), cwd=tmp_path
+    )
+    assert printed.returncode == 0 and printed.stdout.startswith("usage: sq ")
     env = child_env()
     run = subprocess.run(
         [str(script), "5", "out", "--side", "24", "--name", "v", "--videos-per-chunk", "2",
@@ -353,3 +365,92 @@ def test_cli_options_reach_the_adapter(tmp_path):
         return [key for chunk in GulpDirectory(folder).chunks() for key in chunk.ids()]
 
     assert sorted(order(1)) == sorted(expected) and order(1) != order(2)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--quality", "500"),
+        ("--quality", "0"),
+        ("--quality", "-3"),
+        ("--videos_per_chunk", "0"),
+        ("--num_workers", "0"),
+        ("--num-workers", "-2"),
+    ],
+)
+def test_cli_bad_options_are_usage_errors(video_set, tmp_path, capsys, option, value):
+    root, _ = video_set
+    argv = [str(root / "list.json"), str(root), str(tmp_path / "out"), option, value]
+    with pytest.raises(SystemExit) as exit_:
+        json_videos_main(argv)
+    assert exit_.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("gulp_20bn_json_videos: error: argument ") and value in last
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_cli_missing_inputs_and_unwritable_outputs(video_set, tmp_path, capsys):
+    """Files that cannot be read or written: one line naming the file, exit 2; inputs that
+    give nothing to write: exit 1."""
+    root, _ = video_set
+    make_images(tmp_path / "imgs", 1)
+    (tmp_path / "l.txt").write_text("cat/1.png, cat\n")
+    afile = tmp_path / "afile"
+    afile.write_text("a file, not a folder")
+    nope = tmp_path / "nope.txt"
+    images = ["--root_path", str(tmp_path / "imgs"), "--quiet"]
+
+    assert image_list_main([str(nope), str(tmp_path / "o1"), *images]) == 2
+    assert capsys.readouterr().err == f"gulp_image_list: error: {nope}: No such file or directory\n"
+    labels = tmp_path / "nope.json"
+    argv = [str(tmp_path / "l.txt"), str(tmp_path / "o2"), *images, "--label2idx", str(labels)]
+    assert image_list_main(argv) == 2
+    assert (
+        capsys.readouterr().err == f"gulp_image_list: error: {labels}: No such file or directory\n"
+    )
+    labels.write_text("{not json")
+    assert image_list_main(argv) == 1
+    assert capsys.readouterr().err.startswith(f"gulp_image_list: error: {labels}: unreadable JSON")
+    out = afile / "out"
+    assert image_list_main([str(tmp_path / "l.txt"), str(out), *images]) == 2
+    assert capsys.readouterr().err == f"gulp_image_list: error: {out}: Not a directory\n"
+
+    videos = [str(root / "list.json"), str(tmp_path / "missing"), str(tmp_path / "o3")]
+    videos += ["--quiet", "--num_workers", "1"]
+    assert json_videos_main(videos) == 1
+    err = capsys.readouterr().err
+    assert err == f"gulp_20bn_json_videos: error: {tmp_path / 'missing'}: not a directory\n"
+    (tmp_path / "no_videos").mkdir()
+    videos[1] = str(tmp_path / "no_videos")
+    with pytest.warns(UserWarning, match="no video for id"):
+        assert json_videos_main(videos) == 1
+    err = capsys.readouterr().err
+    assert err.endswith(f"{tmp_path / 'o3'}: nothing written (3 items, none with frames)\n")
+
+    dup = tmp_path / "dup.txt"
+    dup.write_text("cat/1.png, cat\ncat/1.png, cat\n")
+    assert image_list_main([str(dup), str(tmp_path / "o4"), *images]) == 1
+    assert "--remove_duplicate_ids" in capsys.readouterr().err
+
+    assert sanity_check_main([str(tmp_path / "no_videos")]) == 1
+    assert "no gulp chunks" in capsys.readouterr().out
+
+
+def test_alias_commands_use_their_own_name(tmp_path):
+    """The ``kohakuclip-gulp-*`` scripts name themselves in usage and errors, not GulpIO's
+    name."""
+    script = os.path.join(os.path.dirname(sys.executable), "kohakuclip-gulp-sanity-check")
+    env = child_env()
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [script, *argv], capture_output=True, text=True, env=env, timeout=120, check=False
+        )
+
+    helptext = run("--help")
+    assert helptext.returncode == 0
+    assert helptext.stdout.startswith("usage: kohakuclip-gulp-sanity-check ")
+    missing = str(tmp_path / "missing")
+    failed = run(missing)
+    assert failed.returncode == 1
+    assert failed.stderr == f"kohakuclip-gulp-sanity-check: error: {missing}: not a directory\n"

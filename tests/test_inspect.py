@@ -101,6 +101,11 @@ def test_table_rows_totals_and_unreadable_sources(
     assert f"{missing}: error:" in out
     assert "total: 4 videos (1 av1, 1 h264, 2 unreadable), 76 frames" in out
 
+    empty = os.path.join(tmp_path, "empty")
+    os.makedirs(empty)
+    assert main(["inspect", empty]) == 1
+    assert capsys.readouterr().out.startswith(f"{empty}: error: no videos found\n")
+
 
 def _pyav_frames(data: bytes) -> list[np.ndarray]:
     with av.open(io.BytesIO(data)) as c:

@@ -12,7 +12,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from kohakuclip import pack
+from kohakuclip import merge, pack, write_videos
 from kohakuclip.check import Problem, verify
 from kohakuclip.cli import main
 from kohakuclip.formats import FRAME_RECORD, INDEX_MEMBER
@@ -20,6 +20,7 @@ from kohakuclip.mp4.faststart import faststart
 from kohakuclip.storage.index import VideoIndex
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import find_zip_member, list_zip
+from tests.media import VideoSpec, make_video
 from tests.shard_media import Corpus, copy_of, make_corpus, probe
 
 
@@ -218,3 +219,57 @@ def test_unreadable_sources_are_problems(
         verify(corpus.zip, sample=0)
     assert main(["verify", missing, "--no-progress"]) == 1
     assert capsys.readouterr().out.startswith(f"{missing}: no such file or directory")
+
+
+def test_writer_output_folder_is_verified_shard_by_shard(
+    tmp_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    videos = os.path.join(tmp_path, "videos")
+    os.makedirs(videos)
+    for i in range(3):
+        spec = VideoSpec(width=48, height=32, frames=10 + i, seed=i)
+        make_video(spec, os.path.join(videos, f"v{i}.mp4"))
+    out = os.path.join(tmp_path, "out")
+    write_videos(out, [videos], codec="h264", per_shard=2, workers=1, progress=False)
+    shards = sorted(os.path.join(out, n) for n in os.listdir(out) if n.endswith(".zip"))
+    assert len(shards) == 2
+    report = verify(out, threads=1, progress=False)
+    assert report.problems == []
+    assert (report.sources, report.videos, report.frames) == (2, 3, 10 + 11 + 12)
+    merge(out)  # the dataset view: the same shards
+    assert verify(out, threads=1, progress=False) == report
+    _flip(shards[1], find_zip_member(shards[1], "v2.mp4").offset + 2000)
+    found = verify(out, threads=1, progress=False).problems
+    assert found and {(p.source, p.member) for p in found} == {(shards[1], "v2.mp4")}
+    assert main(["verify", out, "--no-progress", "--threads", "1"]) == 1
+    assert "3 videos (33 frames) in 2 sources" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("pix_fmt", ["yuv444p", "yuv422p"])
+def test_non_420_h264_passes(tmp_path: str, pix_fmt: str) -> None:
+    """The reader's ``yuv`` mode halves 4:4:4 and 4:2:2 chroma with a 2x2 (2x1) box; the
+    reference must too (swscale's yuv420p conversion filters otherwise)."""
+    path = os.path.join(tmp_path, f"{pix_fmt}.mp4")
+    make_video(VideoSpec(width=64, height=48, frames=12, pix_fmt=pix_fmt), path)
+    report = verify(path, threads=1, progress=False)
+    assert report.problems == []
+    assert (report.videos, report.frames) == (1, 12)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the reader's yuv mode resizes an odd crop's 4:4:4 chroma (63 -> 32 columns) instead "
+    "of halving pairs of columns (decode/_frame.py)",
+)
+def test_odd_sized_444_h264_passes(tmp_path: str) -> None:
+    path = os.path.join(tmp_path, "odd.mp4")
+    make_video(VideoSpec(width=97, height=63, frames=12, pix_fmt="yuv444p"), path)
+    assert verify(path, threads=1, progress=False).problems == []
+
+
+def test_a_source_without_videos_is_a_problem(tmp_path: str) -> None:
+    empty = os.path.join(tmp_path, "empty")
+    os.makedirs(empty)
+    report = verify(empty, progress=False)
+    assert report.problems == [Problem(empty, "", None, "no videos found")]
+    assert main(["verify", empty, "--no-progress"]) == 1

@@ -4,19 +4,68 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 
+from kohakuclip._argtypes import bounded_int, positive_float
 from kohakuclip.write.samples import make_sample_video
 from kohakuclip.write.shards import WriteResult, write_videos
 
-__all__ = ["main"]
+__all__ = ["UsageError", "main"]
+
+
+class UsageError(Exception):
+    """A user error found while a command runs (an output that cannot be written, a folder
+    that must not be written into): ``prog: error: message``, exit status 2."""
+
+
+def writable_file(path: str) -> None:
+    """UsageError naming ``path`` unless a file can be written there (tried by opening it for
+    appending; a file this made is removed again), before any work is done."""
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e}") from None
+    if not existed:
+        os.remove(path)
+
+
+_DEMO_FOLDERS = {"sources", "shards"}
+_DEMO_SOURCE = re.compile(r"sample_\d{3}\.(mp4|txt)")
+
+
+def _demo_root(out: str) -> None:
+    """Make ``out`` for the demo's ``sources/`` and ``shards/``: a new or empty folder, or an
+    earlier demo's output (its files replaced); any other folder is refused, as the demo's
+    files would mix with what is there (a dataset would read wrong)."""
+    try:
+        entries = set(os.listdir(out)) if os.path.isdir(out) else set()
+        sources = os.path.join(out, "sources")
+        earlier = (
+            entries <= _DEMO_FOLDERS
+            and os.path.isdir(sources)
+            and all(_DEMO_SOURCE.fullmatch(name) for name in os.listdir(sources))
+        )
+        if entries and not earlier:
+            raise UsageError(
+                f"{out}: not empty and not an earlier demo's output; choose a new or empty folder"
+            )
+        for name in entries:
+            shutil.rmtree(os.path.join(out, name))
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{e.filename or out}: {e.strerror or e}") from None
+    writable_file(os.path.join(out, ".kohakuclip-demo"))
 
 
 def _make_sources(folder: str, count: int, seconds: float) -> list[str]:
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder)
     paths = []
     for i in range(count):
         path = os.path.join(folder, f"sample_{i:03d}.mp4")
@@ -83,6 +132,7 @@ def _demo_in(args: argparse.Namespace, root: str) -> int:
 def demo(args: argparse.Namespace) -> int:
     """Make sample videos, write shards from them, and show what was written."""
     if args.out:
+        _demo_root(args.out)
         return _demo_in(args, args.out)
     with tempfile.TemporaryDirectory(prefix="kohakuclip-demo-") as root:
         return _demo_in(args, root)
@@ -92,6 +142,13 @@ def inspect(args: argparse.Namespace) -> int:
     """Print a table (or JSON) of the videos in the sources; draw a contact sheet if asked."""
     from kohakuclip.summary import describe, format_table, to_json
 
+    if args.sheet:
+        from PIL import Image
+
+        suffix = os.path.splitext(args.sheet)[1].lower()
+        if suffix not in Image.registered_extensions():
+            raise UsageError(f"{args.sheet}: not an image file name Pillow can write (.png ...)")
+        writable_file(args.sheet)
     videos = describe(args.paths, gulp_fps=args.gulp_fps)
     print(to_json(videos) if args.json else format_table(videos))
     if args.sheet:
@@ -146,36 +203,37 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kohakuclip", description="kohakuclip tools")
     commands = p.add_subparsers(dest="command", required=True)
     d = commands.add_parser("demo", help="write shards from generated sample videos")
-    d.add_argument("--videos", type=int, default=4, help="sample videos to make (default: 4)")
-    d.add_argument("--seconds", type=float, default=4.0, help="length of each (default: 4)")
+    count = bounded_int(1)
+    d.add_argument("--videos", type=count, default=4, help="sample videos to make (default: 4)")
+    d.add_argument("--seconds", type=positive_float, default=4.0, help="length (default: 4)")
     d.add_argument("--codec", choices=("av1", "h264", "hevc"), default="av1")
-    d.add_argument("--workers", type=int, default=None, help="encoder threads (default: CPUs)")
+    d.add_argument("--workers", type=count, default=None, help="encoder threads (default: CPUs)")
     d.add_argument("--out", default=None, help="keep the files here (default: a temporary folder)")
-    d.add_argument("--threads", type=int, default=None, help="decode threads (default: CPUs)")
-    d.add_argument("--batch", type=int, default=16, help="clips per batch (default: 16)")
-    d.add_argument("--batches", type=int, default=20, help="batches to read (default: 20)")
-    d.add_argument("--size", type=int, default=256, help="output size (default: 256)")
-    d.set_defaults(run=demo)
+    d.add_argument("--threads", type=count, default=None, help="decode threads (default: CPUs)")
+    d.add_argument("--batch", type=count, default=16, help="clips per batch (default: 16)")
+    d.add_argument("--batches", type=count, default=20, help="batches to read (default: 20)")
+    d.add_argument("--size", type=bounded_int(2), default=256, help="output size (default: 256)")
+    d.set_defaults(run=demo, prog=d.prog)
 
     threads = os.cpu_count() or 1
     i = commands.add_parser("inspect", help="list the videos of shards, folders, gulp directories")
     i.add_argument("paths", nargs="+", help="shards (zip / tar), folders, gulp directories")
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")
     i.add_argument("--sheet", default=None, help="draw a contact sheet into this PNG")
-    i.add_argument("--columns", type=int, default=8, help="frames per video on the sheet")
-    i.add_argument("--thumb", type=int, default=128, help="side of a frame on the sheet (px)")
-    i.add_argument("--max-videos", type=int, default=200, help="videos on the sheet at most")
-    i.add_argument("--threads", type=int, default=threads, help="decode threads (default: CPUs)")
-    i.add_argument("--gulp-fps", type=float, default=None, help="frame rate of gulp videos")
-    i.set_defaults(run=inspect)
+    i.add_argument("--columns", type=count, default=8, help="frames per video on the sheet")
+    i.add_argument("--thumb", type=bounded_int(2), default=128, help="side of a sheet frame (px)")
+    i.add_argument("--max-videos", type=count, default=200, help="videos on the sheet at most")
+    i.add_argument("--threads", type=count, default=threads, help="decode threads (default: CPUs)")
+    i.add_argument("--gulp-fps", type=positive_float, default=None, help="gulp videos' fps")
+    i.set_defaults(run=inspect, prog=i.prog)
 
     v = commands.add_parser("verify", help="decode every frame and check the index")
     v.add_argument("paths", nargs="+", help="shards (zip / tar), folders, gulp directories")
-    v.add_argument("--sample", type=int, default=None, help="check K frames per video, not all")
-    v.add_argument("--threads", type=int, default=threads, help="decode threads (default: CPUs)")
+    v.add_argument("--sample", type=count, default=None, help="check K frames per video, not all")
+    v.add_argument("--threads", type=count, default=threads, help="decode threads (default: CPUs)")
     v.add_argument("--seed", type=int, default=0, help="picks the sampled frames")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
-    v.set_defaults(run=verify)
+    v.set_defaults(run=verify, prog=v.prog)
 
     m = commands.add_parser(
         "merge",
@@ -185,13 +243,17 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument(
         "out", help="the folder the parts wrote into, or the URL prefix they uploaded to"
     )
-    m.set_defaults(run=merge_command)
+    m.set_defaults(run=merge_command, prog=m.prog)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    code: int = args.run(args)
+    try:
+        code: int = args.run(args)
+    except UsageError as e:
+        print(f"{args.prog}: error: {e}", file=sys.stderr)
+        return 2
     return code
 
 

@@ -66,7 +66,8 @@ def describe(
     gulp_fps: float | None = None,
 ) -> list[VideoSummary]:
     """One summary per video of ``sources`` (shards, folders, gulp directories), in the
-    reader's video order; a source that cannot be opened gives one summary with its error.
+    reader's video order; a source that cannot be opened, or holds no videos, gives one
+    summary with its error.
 
     Args:
         sources: paths as the ``Reader`` takes them.
@@ -79,6 +80,10 @@ def describe(
             catalog = Catalog([path], gulp_fps=gulp_fps, skip_tables=False)
         except (ValueError, OSError) as e:
             out.append(VideoSummary(path, "", error=str(e)))
+            continue
+        if not len(catalog):
+            catalog.close()
+            out.append(VideoSummary(path, "", error="no videos found"))
             continue
         try:
             for vid in range(len(catalog)):

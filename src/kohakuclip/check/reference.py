@@ -87,14 +87,45 @@ class ReferenceDecode:
     errors: dict[int | None, str] = field(default_factory=dict)  # display index -> first error
 
 
+_HALVED = {
+    "yuv420p": (False, False),
+    "yuvj420p": (False, False),
+    "yuv422p": (False, True),
+    "yuvj422p": (False, True),
+    "yuv444p": (True, True),
+    "yuvj444p": (True, True),
+}
+"""Per 8-bit planar format: whether its chroma is to be halved across and down for 4:2:0."""
+
+
+def _halve(plane: np.ndarray, across: bool, down: bool) -> np.ndarray:
+    """``plane`` at half the resolution on the chosen axes: each output sample the mean of its
+    2 or 2x2 samples, rounded half up (an odd last column or row counted twice). This is the
+    4:2:0 chroma the reader's ``yuv`` mode documents for 4:2:2 and 4:4:4 sources, done here
+    on PyAV's planes (swscale's conversion filters differently)."""
+    total = plane.astype(np.uint16)
+    count = 1
+    for axis, halve in ((1, across), (0, down)):
+        if not halve:
+            continue
+        if total.shape[axis] % 2:
+            total = np.concatenate([total, total.take([-1], axis=axis)], axis=axis)
+        even = total.take(range(0, total.shape[axis], 2), axis=axis)
+        odd = total.take(range(1, total.shape[axis], 2), axis=axis)
+        total, count = even + odd, count * 2
+    return ((total + count // 2) // count).astype(np.uint8)
+
+
 def _planes(frame: av.VideoFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    if frame.format.name not in ("yuv420p", "yuvj420p"):
-        frame = frame.reformat(format="yuv420p")
+    """Y, U, V of a frame with 4:2:0 chroma (4:2:2 and 4:4:4 halved, others converted)."""
+    halved = _HALVED.get(frame.format.name)
+    if halved is None:
+        frame, halved = frame.reformat(format="yuv420p"), (False, False)
     out = []
     for plane in frame.planes:
         rows = np.frombuffer(memoryview(plane), np.uint8).reshape(plane.height, plane.line_size)
         out.append(rows[:, : plane.width])
-    return out[0], out[1], out[2]
+    return out[0], _halve(out[1], *halved), _halve(out[2], *halved)
 
 
 def _shown_pts(path: str, offset: int, size: int) -> list[int]:

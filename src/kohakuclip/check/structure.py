@@ -35,9 +35,12 @@ _UNBOUNDED = 1 << 62
 
 
 def source_kind(path: str) -> str:
-    """``gulp``, ``folder``, ``tar`` or ``zip``: how the reader opens ``path``."""
+    """``gulp``, ``folder``, ``video`` (one mp4 file), ``tar`` or ``zip``: how the reader opens
+    ``path``."""
     if os.path.isdir(path):
         return "gulp" if is_gulp_directory(path) else "folder"
+    if path.lower().endswith(VIDEO_SUFFIXES):
+        return "video"
     return "tar" if path.endswith(".tar") else "zip"
 
 

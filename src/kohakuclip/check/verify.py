@@ -66,12 +66,25 @@ class _Verifier:
                 self.on_problem(problem)
 
     def source(self, path: str) -> None:
-        """Structure first, then every readable video's frames."""
-        self.report.sources += 1
+        """Structure first, then every readable video's frames; a folder of shards (a writer's
+        output, merged or not) shard by shard."""
         if not os.path.exists(path):
+            self.report.sources += 1
             self.add([Problem(path, "", None, "no such file or directory")])
             return
         kind = source_kind(path)
+        if kind == "folder":
+            try:
+                shards = _shards_of(path)
+            except (ValueError, OSError) as e:
+                self.report.sources += 1
+                self.add([Problem(path, "", None, f"the reader cannot open it: {e}")])
+                return
+            if shards:
+                for shard in shards:
+                    self.source(shard)
+                return
+        self.report.sources += 1
         members: dict[str, Member] = {}
         broken: set[str] = set()
         if kind in ("zip", "tar"):
@@ -84,9 +97,12 @@ class _Verifier:
             catalog = Catalog([path], skip_tables=False)
             names = [ref.member for ref in catalog.videos]
             catalog.close()
-            probe = Reader(path)
+            probe = Reader(path) if names else None
         except (ValueError, OSError) as e:
             self.add([Problem(path, "", None, f"the reader cannot open it: {e}")])
+            return
+        if probe is None:
+            self.add([Problem(path, "", None, "no videos found")])
             return
         with probe:
             videos = self._videos(probe, path, kind, names, members, broken)
@@ -106,7 +122,7 @@ class _Verifier:
         """The videos whose frames can be checked; the moov of each video no index covers is
         checked on the way (an indexed one was, against its index). A member whose moov is
         broken or cut short (``broken``, or found here) is not read: every frame would fail."""
-        moov_only = kind == "folder" or (kind != "gulp" and INDEX_MEMBER not in members)
+        moov_only = kind != "gulp" and INDEX_MEMBER not in members
         videos = []
         for vid, member in enumerate(names):
             if member in broken:
@@ -215,14 +231,24 @@ def _against_full(
     return found
 
 
+def _shards_of(path: str) -> list[str]:
+    """The shards a folder stands for when the reader reads it as a folder of shards (through
+    its dataset view, or each shard in it); [] for a folder of mp4 files."""
+    catalog = Catalog([path])
+    try:
+        return [src.path for src in catalog.sources if src.kind in ("zip", "tar")]
+    finally:
+        catalog.close()
+
+
 def _location(
     path: str, kind: str, member: str, members: dict[str, Member]
 ) -> tuple[str, int, int] | None:
     """The file, offset and size of a video's mp4; None for gulp frames."""
     if kind == "gulp":
         return None
-    if kind == "folder":
-        file = os.path.join(path, member)
+    if kind in ("folder", "video"):
+        file = os.path.join(path, member) if kind == "folder" else path
         return file, 0, os.path.getsize(file)
     m = members.get(member)
     return None if m is None else (path, m.offset, m.size)
@@ -236,7 +262,7 @@ def verify(
     progress: bool = True,
     on_problem: Callable[[Problem], None] | None = None,
 ) -> VerifyReport:
-    """Check every video of ``sources`` (shards, folders, gulp directories).
+    """Check every video of ``sources`` (shards, folders, mp4 files, gulp directories).
 
     Args:
         sources: paths as the ``Reader`` takes them.

@@ -59,12 +59,21 @@ def load_label2idx(source: Label2Idx | Sequence[str] | str) -> Label2Idx:
 
     Values may be strings of integers (the 20BN ``labels.json`` style).
     """
+    where = f"{source}: " if isinstance(source, str) else ""
     if isinstance(source, str):
         with open(source, encoding="utf-8") as f:
-            source = json.load(f)
-    if isinstance(source, dict):
-        return {str(k): int(v) for k, v in source.items()}
-    return {str(label): i for i, label in enumerate(source)}
+            try:
+                source = json.load(f)
+            except ValueError as exc:
+                raise GulpError(f"{where}unreadable JSON ({exc})") from exc
+    try:
+        if isinstance(source, dict):
+            return {str(k): int(v) for k, v in source.items()}
+        if not isinstance(source, (str, bytes)):
+            return {str(label): i for i, label in enumerate(source)}
+    except (TypeError, ValueError):
+        pass
+    raise GulpError(f"{where}a label map is a dict of label -> index or a list of labels")
 
 
 def _label_map(
@@ -119,6 +128,8 @@ class JsonVideoAdapter(AbstractDatasetAdapter):
         seed: int = 0,
         strict: bool = False,
     ) -> None:
+        if not os.path.isdir(folder):
+            raise GulpError(f"{folder}: not a directory")
         self.json_file = json_file
         self.folder = folder
         self.frame_size = frame_size
@@ -196,7 +207,10 @@ def _unique_ids(items: list[Any], remove_duplicates: bool, where: str) -> list[A
         id_ = str(item["id"] if isinstance(item, dict) else item[0])
         if id_ in seen:
             if not remove_duplicates:
-                raise GulpError(f"{where}: duplicate id {id_!r} (pass remove_duplicate_ids=True)")
+                raise GulpError(
+                    f"{where}: duplicate id {id_!r} (pass remove_duplicate_ids=True, on the "
+                    "command line --remove_duplicate_ids, to keep the first)"
+                )
             continue
         seen.add(id_)
         out.append(item)

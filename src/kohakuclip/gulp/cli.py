@@ -12,12 +12,14 @@ import importlib
 import inspect
 import os
 import re
+import shlex
 import stat
 import sys
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec
 
+from kohakuclip._argtypes import bounded_int
 from kohakuclip.gulp.adapters import (
     AbstractDatasetAdapter,
     ImageFolderAdapter,
@@ -50,14 +52,29 @@ def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
 def _ingest_options(parser: argparse.ArgumentParser, per_chunk: str, order: bool = True) -> None:
     """The ingest options; ``order=False`` leaves out shuffle, seed and strict (an adapter
     class's own parameters then)."""
-    _option(parser, per_chunk, type=int, default=100, help="items per chunk (default 100)")
-    _option(parser, "num_workers", type=int, default=4, help="processes (default 4)")
-    _option(parser, "quality", type=int, default=JPEG_QUALITY, help="JPEG quality (default 90)")
+    count = bounded_int(1)
+    _option(parser, per_chunk, type=count, default=100, help="items per chunk (default 100)")
+    _option(parser, "num_workers", type=count, default=4, help="processes (default 4)")
+    _option(
+        parser,
+        "quality",
+        type=bounded_int(1, 100),
+        default=JPEG_QUALITY,
+        help="JPEG quality, 1-100 (default 90)",
+    )
     if order:
         _option(parser, "shuffle", action="store_true", help="shuffle the items (seeded) first")
         _option(parser, "seed", type=int, default=0, help="shuffle seed (default 0)")
         _option(parser, "strict", action="store_true", help="stop at an unreadable input")
     _option(parser, "quiet", action="store_true", help="no progress bar")
+
+
+def _prog(name: str | None, argv: Sequence[str] | None) -> str:
+    """The name the command was run by (any alias of its script); ``name`` (GulpIO's) when
+    it is called from Python with ``argv``."""
+    if argv is not None and name is not None:
+        return name
+    return os.path.basename(sys.argv[0]) or name or "gulp"
 
 
 def _ingest_parser(
@@ -92,6 +109,7 @@ def _adapter_options(args: argparse.Namespace) -> dict[str, Any]:
 def _ingest(
     adapter: AbstractDatasetAdapter, output: str, per_chunk: int, args: argparse.Namespace
 ) -> int:
+    """Ingest; a run that writes nothing new and finds nothing already there fails."""
     report = GulpIngestor(
         adapter, output, per_chunk, args.num_workers, quality=args.quality, progress=not args.quiet
     )()
@@ -100,28 +118,43 @@ def _ingest(
         print(f"{len(report.existing)} ids already present, not written again")
     if report.empty:
         print(f"{len(report.empty)} items without frames, skipped: {', '.join(report.empty[:20])}")
+    if not report.written and not report.existing:
+        found = f"{len(adapter)} items, none with frames" if len(adapter) else "no items"
+        raise GulpError(f"{output}: nothing written ({found})")
     return 0
 
 
-def _exits_on_gulp_error(main: Callable[_P, int]) -> Callable[_P, int]:
-    """A GulpError ends the command with its message and exit status 1, not a traceback."""
+def _command(name: str | None) -> Callable[[Callable[_P, int]], Callable[_P, int]]:
+    """Ends the command ``name`` (see ``_prog``) with ``prog: error: ...`` instead of a
+    traceback: exit status 1 on a GulpError (bad input data), 2 on an OSError (a file or
+    folder that cannot be read or written, named)."""
 
-    @functools.wraps(main)
-    def run(*args: _P.args, **kwargs: _P.kwargs) -> int:
-        try:
-            return main(*args, **kwargs)
-        except GulpError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+    def wrap(main: Callable[_P, int]) -> Callable[_P, int]:
+        signature = inspect.signature(main)
 
-    return run
+        @functools.wraps(main)
+        def run(*args: _P.args, **kwargs: _P.kwargs) -> int:
+            prog = _prog(name, signature.bind(*args, **kwargs).arguments.get("argv"))
+            try:
+                return main(*args, **kwargs)
+            except GulpError as exc:
+                print(f"{prog}: error: {exc}", file=sys.stderr)
+                return 1
+            except OSError as exc:
+                where = f"{exc.filename}: " if exc.filename is not None else ""
+                print(f"{prog}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+                return 2
+
+        return run
+
+    return wrap
 
 
-@_exits_on_gulp_error
+@_command("gulp_20bn_json_videos")
 def json_videos_main(argv: Sequence[str] | None = None) -> int:
     """gulp_20bn_json_videos: videos listed in a 20BN-style JSON file."""
     parser = _ingest_parser(
-        "gulp_20bn_json_videos",
+        _prog("gulp_20bn_json_videos", argv),
         "Gulp the videos listed in a JSON file ([{'id': ..., 'label': ...}]), "
         "found as <videos_dir>/<id>.<ext> or <videos_dir>/<id>/<one video>.",
         ["input_json", "videos_directory"],
@@ -144,11 +177,11 @@ def json_videos_main(argv: Sequence[str] | None = None) -> int:
     return _ingest(adapter, args.output_directory, args.videos_per_chunk, args)
 
 
-@_exits_on_gulp_error
+@_command("gulp_image_folder")
 def image_folder_main(argv: Sequence[str] | None = None) -> int:
     """gulp_image_folder: images in <label>/ subfolders."""
     parser = _ingest_parser(
-        "gulp_image_folder",
+        _prog("gulp_image_folder", argv),
         "Gulp images_directory/<label>/**/<image>.",
         ["images_directory"],
         "images_per_chunk",
@@ -161,11 +194,11 @@ def image_folder_main(argv: Sequence[str] | None = None) -> int:
     return _ingest(adapter, args.output_directory, args.images_per_chunk, args)
 
 
-@_exits_on_gulp_error
+@_command("gulp_image_list")
 def image_list_main(argv: Sequence[str] | None = None) -> int:
     """gulp_image_list: a text file of 'path, label' lines."""
     parser = _ingest_parser(
-        "gulp_image_list",
+        _prog("gulp_image_list", argv),
         "Gulp the images of a 'path, label' list.",
         ["image_list_file"],
         "images_per_chunk",
@@ -184,11 +217,11 @@ def image_list_main(argv: Sequence[str] | None = None) -> int:
     return _ingest(adapter, args.output_directory, args.images_per_chunk, args)
 
 
-@_exits_on_gulp_error
+@_command("gulp_sanity_check")
 def sanity_check_main(argv: Sequence[str] | None = None) -> int:
     """gulp_sanity_check: exit 1 and list the bad files when a check fails."""
     parser = argparse.ArgumentParser(
-        prog="gulp_sanity_check",
+        prog=_prog("gulp_sanity_check", argv),
         description="Check a gulp directory: content present, data size equal to the last "
         "frame's end, no duplicate ids. Exit status 1 when a check fails.",
     )
@@ -217,7 +250,7 @@ def _parameter_type(param: inspect.Parameter) -> Callable[[str], Any]:
     return str
 
 
-@_exits_on_gulp_error
+@_command(None)
 def adapter_main(adapter_cls: type, argv: Sequence[str] | None = None) -> int:
     """A command line built from an adapter class's ``__init__``: required parameters are
     positional, the others options (booleans as ``--name`` / ``--no-name``); then the output
@@ -232,7 +265,7 @@ def adapter_main(adapter_cls: type, argv: Sequence[str] | None = None) -> int:
         if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "output_folder"
     ]
     parser = argparse.ArgumentParser(
-        prog=os.path.basename(sys.argv[0]), description=f"Gulp with {adapter_cls.__name__}."
+        prog=_prog(None, argv), description=f"Gulp with {adapter_cls.__name__}."
     )
     for p in params:
         if p.default is inspect.Parameter.empty:
@@ -259,7 +292,7 @@ _SCRIPT = '''#!{python}
 """Gulp a dataset with {module}.{name} (written by gulp_register_adapter)."""
 
 import sys
-
+{search}
 from kohakuclip.gulp.cli import adapter_main
 from {module} import {name}
 
@@ -268,11 +301,11 @@ if __name__ == "__main__":
 '''
 
 
-@_exits_on_gulp_error
+@_command("gulp_register_adapter")
 def register_adapter_main(argv: Sequence[str] | None = None) -> int:
     """gulp_register_adapter: write an executable command line for an adapter class."""
     parser = argparse.ArgumentParser(
-        prog="gulp_register_adapter",
+        prog=_prog("gulp_register_adapter", argv),
         description="Write a script that gulps a dataset with your adapter class; its "
         "options come from the class's __init__.",
     )
@@ -280,7 +313,8 @@ def register_adapter_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("class_name")
     parser.add_argument("-o", "--output", help="script path (default: ./<class_name_snake>)")
     args = parser.parse_args(argv)
-    sys.path.insert(0, os.getcwd())
+    cwd = os.getcwd()
+    sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(args.adapter_module)
     except ImportError as exc:
@@ -289,10 +323,19 @@ def register_adapter_main(argv: Sequence[str] | None = None) -> int:
     if not (inspect.isclass(cls) and hasattr(cls, "iter_data") and hasattr(cls, "__len__")):
         raise GulpError(f"{args.adapter_module}.{args.class_name}: not an adapter class")
     path = args.output or script_name(args.class_name)
+    # a module found in this folder is found by the script wherever it is written and run
+    here = os.path.abspath(getattr(module, "__file__", None) or "").startswith(cwd + os.sep)
+    search = f"\nsys.path.append({cwd!r})\n" if here else ""
     with open(path, "w", encoding="utf-8") as f:
         f.write(
-            _SCRIPT.format(python=sys.executable, module=args.adapter_module, name=args.class_name)
+            _SCRIPT.format(
+                python=sys.executable,
+                module=args.adapter_module,
+                name=args.class_name,
+                search=search,
+            )
         )
     os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    print(f"wrote {path}: run ./{os.path.basename(path)} --help")
+    command = path if os.sep in path else os.path.join(".", path)  # a bare name is not run
+    print(f"wrote {path}: run {shlex.quote(command)} --help")
     return 0

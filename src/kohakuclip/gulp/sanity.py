@@ -52,10 +52,13 @@ class SanityReport:
 
 
 def check_gulp_directory(path: str | os.PathLike[str]) -> SanityReport:
-    """Run every check on a gulp directory; GulpError only when it is not a directory."""
+    """Run every check on a gulp directory (one with no chunks at all fails too); GulpError
+    only when it is not a directory."""
     root = os.fspath(path)
     report = SanityReport(root)
     chunks, lone_data, lone_meta = scan_directory(root)
+    if not (chunks or lone_data or lone_meta):
+        report.add(root, "no gulp chunks (data_<i>.gulp and meta_<i>.gmeta files)")
     for data_path in lone_data:
         report.add(data_path, "no meta file")
     for meta_path in lone_meta:

@@ -8,12 +8,13 @@ import os
 import sys
 from collections.abc import Sequence
 
+from kohakuclip._argtypes import positive_int
 from kohakuclip.formats import SKIPPED_FILE
 from kohakuclip.write.merge import MergeError
 from kohakuclip.write.parts import OutputNames, Part, part_argument
 from kohakuclip.write.settings import DEFAULT_CRF, DEFAULT_PRESET, ENCODERS, EncodeSettings
 from kohakuclip.write.shards import WriteError, write_videos
-from kohakuclip.write.upload import output_arguments, positive_int, staged_main
+from kohakuclip.write.upload import output_arguments, staged_main
 
 __all__ = ["main"]
 

@@ -6,11 +6,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from kohakuclip._argtypes import positive_int
 from kohakuclip.write.image_codecs import CODEC_ALIASES, JPEG_ENCODERS, STORAGE_CODECS
 from kohakuclip.write.images import check_options, write_images
 from kohakuclip.write.parts import OutputNames, Part, part_argument
 from kohakuclip.write.shards import WriteError
-from kohakuclip.write.upload import output_arguments, positive_int, staged_main
+from kohakuclip.write.upload import output_arguments, staged_main
 
 __all__ = ["main"]
 

@@ -29,7 +29,7 @@ from kohakuclip.storage.remote import (
     put_object,
 )
 
-__all__ = ["output_arguments", "positive_int", "run_staged", "staged_main"]
+__all__ = ["output_arguments", "run_staged", "staged_main"]
 
 
 SHARD_SUFFIXES = (".zip", ".tar")
@@ -131,14 +131,6 @@ def os_error_message(error: OSError) -> str:
     if error.filename is not None and error.strerror:
         return f"{error.filename}: {error.strerror}"
     return str(error)
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def staged_main(
