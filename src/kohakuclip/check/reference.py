@@ -101,7 +101,7 @@ _HALVED = {
 def _halve(plane: np.ndarray, across: bool, down: bool) -> np.ndarray:
     """``plane`` at half the resolution on the chosen axes: each output sample the mean of its
     2 or 2x2 samples, rounded half up (an odd last column or row counted twice). This is the
-    4:2:0 chroma the reader's ``yuv`` mode documents for 4:2:2 and 4:4:4 sources, done here
+    4:2:0 chroma the reader's ``yuv`` mode documents for 4:2:2 and 4:4:4 windows, done here
     on PyAV's planes (swscale's conversion filters differently)."""
     total = plane.astype(np.uint16)
     count = 1
@@ -116,16 +116,26 @@ def _halve(plane: np.ndarray, across: bool, down: bool) -> np.ndarray:
     return ((total + count // 2) // count).astype(np.uint8)
 
 
-def _planes(frame: av.VideoFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Y, U, V of a frame with 4:2:0 chroma (4:2:2 and 4:4:4 halved, others converted)."""
+def _frame_windows(
+    frame: av.VideoFrame, window: Window
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Y, U, V of ``window`` with 4:2:0 chroma: a 4:2:0 frame's own (``plane_windows``), a
+    4:2:2 or 4:4:4 window's chroma halved inside the window, others converted first."""
     halved = _HALVED.get(frame.format.name)
     if halved is None:
         frame, halved = frame.reformat(format="yuv420p"), (False, False)
-    out = []
+    planes = []
     for plane in frame.planes:
         rows = np.frombuffer(memoryview(plane), np.uint8).reshape(plane.height, plane.line_size)
-        out.append(rows[:, : plane.width])
-    return out[0], _halve(out[1], *halved), _halve(out[2], *halved)
+        planes.append(rows[:, : plane.width])
+    if halved == (False, False):
+        return plane_windows((planes[0], planes[1], planes[2]), window)
+    x, y, w, h = window
+    across, down = halved
+    cx, cw = (x, w) if across else (x // 2, (x + w + 1) // 2 - x // 2)
+    cy, ch = (y, h) if down else (y // 2, (y + h + 1) // 2 - y // 2)
+    u, v = (_halve(p[cy : cy + ch, cx : cx + cw], across, down) for p in planes[1:])
+    return planes[0][y : y + h, x : x + w], u, v
 
 
 def _shown_pts(path: str, offset: int, size: int) -> list[int]:
@@ -168,7 +178,7 @@ def reference_decode(
                     display = out.decoded if shown is None else shown
                     out.decoded += 1
                     if wanted is None or display in wanted:
-                        planes = plane_windows(_planes(frame), window)
+                        planes = _frame_windows(frame, window)
                         out.digests[display] = window_digest(*planes)
         except av.FFmpegError as e:
             out.errors.setdefault(None, f"PyAV demux error: {e}")

@@ -64,6 +64,26 @@ def _copy_window(
     _clear_margin(out, rows, cols)
 
 
+@numba.njit(inline="always")
+def _halve_window(src: np.ndarray, across: bool, down: bool, out: np.ndarray) -> None:
+    """4:2:0 chroma of a 4:2:2 (``down``) or 4:4:4 (both) window into the top left of ``out``:
+    the mean of each 2 or 2x2 samples, rounded half up, an odd last column or row counted
+    twice (the window's own: nothing outside it is read)."""
+    rows, cols = src.shape
+    for r in range((rows + 1) // 2 if down else rows):
+        top = src[2 * r if down else r]
+        bottom = src[min(2 * r + 1, rows - 1) if down else r]
+        line = out[r]
+        if across:
+            for x in range((cols + 1) // 2):
+                a, b = 2 * x, min(2 * x + 1, cols - 1)
+                total = np.uint16(top[a]) + np.uint16(top[b]) + np.uint16(bottom[a])
+                line[x] = np.uint8((total + np.uint16(bottom[b]) + np.uint16(2)) >> 2)
+        else:
+            for x in range(cols):
+                line[x] = np.uint8((np.uint16(top[x]) + np.uint16(bottom[x]) + np.uint16(1)) >> 1)
+
+
 Taps = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 Scratch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """``write_frame``'s uint8 buffers (tmp, y, u, v), from ``new_scratch``."""
@@ -172,7 +192,7 @@ def write_frame(
             _copy_window(v, cy, cx, ch, cw, out_v)
         else:  # 4:2:2, 4:4:4 (JPEG) stored as 4:2:0
             oh, ow = (h + 1) // 2, (w + 1) // 2
-            resize_window(cb, t[0], t[1], t[2], t[3], tmp[:cw, :oh], out_u[:oh, :ow], False, False)
-            resize_window(cr, t[0], t[1], t[2], t[3], tmp[:cw, :oh], out_v[:oh, :ow], False, False)
+            _halve_window(cb, sx == 0, sy == 0, out_u)
+            _halve_window(cr, sx == 0, sy == 0, out_v)
             _clear_margin(out_u, oh, ow)
             _clear_margin(out_v, oh, ow)
