@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from kohakuclip.cli import main
+from tests.media import VideoSpec, make_video
 from tests.paths import child_env
 
 BIN = os.path.dirname(sys.executable)
@@ -102,3 +103,17 @@ def test_demo_out_refuses_a_folder_it_did_not_write(
     assert main(["demo", "--out", out, *again]) == 0
     assert len(os.listdir(os.path.join(out, "sources"))) == 4
     assert "wrote 2 videos" in capsys.readouterr().out
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path) -> None:
+    """``kohakuclip inspect ... | head``: no BrokenPipeError traceback when the reader of the
+    pipe has gone (``true`` leaves at once, before anything is printed)."""
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    for i in range(3):
+        make_video(VideoSpec(width=32, height=32, frames=2, seed=i), str(folder / f"{i}.mp4"))
+    command = f"{sys.executable} -m kohakuclip.cli inspect {folder} | true"
+    done = subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, timeout=120, env=child_env()
+    )
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr

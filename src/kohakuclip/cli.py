@@ -254,6 +254,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"{args.prog}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `kohakuclip verify ... | head`: the reader went away
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the exit's flush does not fail again
+        os.close(devnull)
+        return 1
     return code
 
 
