@@ -15,23 +15,23 @@ from kohakuclip._argtypes import bounded_int, positive_float
 from kohakuclip.write.samples import make_sample_video
 from kohakuclip.write.shards import WriteResult, write_videos
 
-__all__ = ["UsageError", "main"]
+__all__ = ["main"]
 
 
-class UsageError(Exception):
+class _UsageError(Exception):
     """A user error found while a command runs (an output that cannot be written, a folder
     that must not be written into): ``prog: error: message``, exit status 2."""
 
 
 def writable_file(path: str) -> None:
-    """UsageError naming ``path`` unless a file can be written there (tried by opening it for
+    """A usage error naming ``path`` unless a file can be written there (tried by opening it for
     appending; a file this made is removed again), before any work is done."""
     existed = os.path.lexists(path)
     try:
         with open(path, "ab"):
             pass
     except OSError as e:
-        raise UsageError(f"{path}: {e.strerror or e}") from None
+        raise _UsageError(f"{path}: {e.strerror or e}") from None
     if not existed:
         os.remove(path)
 
@@ -53,14 +53,14 @@ def _demo_root(out: str) -> None:
             and all(_DEMO_SOURCE.fullmatch(name) for name in os.listdir(sources))
         )
         if entries and not earlier:
-            raise UsageError(
+            raise _UsageError(
                 f"{out}: not empty and not an earlier demo's output; choose a new or empty folder"
             )
         for name in entries:
             shutil.rmtree(os.path.join(out, name))
         os.makedirs(out, exist_ok=True)
     except OSError as e:
-        raise UsageError(f"{e.filename or out}: {e.strerror or e}") from None
+        raise _UsageError(f"{e.filename or out}: {e.strerror or e}") from None
     writable_file(os.path.join(out, ".kohakuclip-demo"))
 
 
@@ -147,7 +147,7 @@ def inspect(args: argparse.Namespace) -> int:
 
         suffix = os.path.splitext(args.sheet)[1].lower()
         if suffix not in Image.registered_extensions():
-            raise UsageError(f"{args.sheet}: not an image file name Pillow can write (.png ...)")
+            raise _UsageError(f"{args.sheet}: not an image file name Pillow can write (.png ...)")
         writable_file(args.sheet)
     videos = describe(args.paths, gulp_fps=args.gulp_fps)
     print(to_json(videos) if args.json else format_table(videos))
@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         code: int = args.run(args)
-    except UsageError as e:
+    except _UsageError as e:
         print(f"{args.prog}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `kohakuclip verify ... | head`: the reader went away

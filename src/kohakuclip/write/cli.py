@@ -14,9 +14,11 @@ from kohakuclip.write.merge import MergeError
 from kohakuclip.write.parts import OutputNames, Part, part_argument
 from kohakuclip.write.settings import DEFAULT_CRF, DEFAULT_PRESET, ENCODERS, EncodeSettings
 from kohakuclip.write.shards import WriteError, write_videos
-from kohakuclip.write.upload import output_arguments, staged_main
+from kohakuclip.write.upload import nothing_stored, output_arguments, staged_main
 
 __all__ = ["main"]
+
+PROG = "kohakuclip-write"
 
 
 def _preset(value: str) -> int | str:
@@ -25,7 +27,7 @@ def _preset(value: str) -> int | str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="kohakuclip-write",
+        prog=PROG,
         description="Re-encode videos (files, folders, tar archives, GulpIO directories) into "
         "zip or tar shards with a frame index, a manifest.parquet and an encoding.json.",
     )
@@ -133,15 +135,12 @@ def _write(args: argparse.Namespace, out: str) -> int:
             ray_parts=args.ray_parts,
         )
     except (WriteError, MergeError, FileNotFoundError, ImportError, ValueError) as e:
-        print(f"kohakuclip-write: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     log = OutputNames(Part.parse(args.part)).skipped if args.part else SKIPPED_FILE
-    if result.videos + result.resumed_videos == 0 and (result.skipped or args.part is None):
-        if result.skipped:
-            what = f"0 of {result.skipped} videos stored, see {os.path.join(args.out, log)}"
-        else:
-            what = f"no videos found under {', '.join(args.sources)}"
-        print(f"kohakuclip-write: error: {what}", file=sys.stderr)
+    stored = result.videos + result.resumed_videos
+    where = os.path.join(args.out, log)
+    if nothing_stored(PROG, "videos", stored, result.skipped, args.part, args.sources, where):
         return 1
     print(
         f"{result.videos} videos ({result.seconds / 60:.1f} min) in {len(result.shards)} shards, "

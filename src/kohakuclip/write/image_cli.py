@@ -11,14 +11,16 @@ from kohakuclip.write.image_codecs import CODEC_ALIASES, JPEG_ENCODERS, STORAGE_
 from kohakuclip.write.images import check_options, write_images
 from kohakuclip.write.parts import OutputNames, Part, part_argument
 from kohakuclip.write.shards import WriteError
-from kohakuclip.write.upload import output_arguments, staged_main
+from kohakuclip.write.upload import nothing_stored, output_arguments, staged_main
 
 __all__ = ["main"]
+
+PROG = "kohakuclip-write-images"
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="kohakuclip-write-images",
+        prog=PROG,
         description="Store images (files, folders with <stem>.txt / <stem>.json sidecars, "
         "WebDataset tars, zip archives) as zip shards with a KCIMG1 index, plus "
         "manifest.parquet, skipped.jsonl and encoding.json.",
@@ -84,16 +86,13 @@ def _write(args: argparse.Namespace, out: str) -> int:
             resume=args.resume,
         )
     except (WriteError, ValueError) as e:
-        print(f"kohakuclip-write-images: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     names = OutputNames(Part.parse(args.part) if args.part else None)
     log = f"{args.out.rstrip('/')}/{names.skipped}"
-    if summary.images == 0 and (summary.skipped or args.part is None):
-        if summary.skipped:
-            what = f"0 of {summary.skipped} images stored, see {log}"
-        else:
-            what = f"no images found under {', '.join(args.sources)}"
-        print(f"kohakuclip-write-images: error: {what}", file=sys.stderr)
+    if nothing_stored(
+        PROG, "images", summary.images, summary.skipped, args.part, args.sources, log
+    ):
         return 1
     print(
         f"{summary.images} images in {len(summary.shards)} shards, {summary.skipped} skipped "

@@ -50,7 +50,14 @@ from kohakuclip.write.pack import naming
 from kohakuclip.write.parts import ANY_SHARD_RE, OutputNames, Part
 from kohakuclip.write.shards import WriteError
 
-__all__ = ["EncodedImage", "WriteSummary", "encode_image", "pack_images", "write_images"]
+__all__ = [
+    "EncodedImage",
+    "WriteSummary",
+    "check_options",
+    "encode_image",
+    "pack_images",
+    "write_images",
+]
 
 
 _PARTIAL = ".partial"

@@ -29,7 +29,7 @@ from kohakuclip.storage.remote import (
     put_object,
 )
 
-__all__ = ["output_arguments", "run_staged", "staged_main"]
+__all__ = ["nothing_stored", "output_arguments", "run_staged", "staged_main"]
 
 
 SHARD_SUFFIXES = (".zip", ".tar")
@@ -118,12 +118,12 @@ def output_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class Terminated(BaseException):
+class _Terminated(BaseException):
     """SIGTERM, raised in the main thread like KeyboardInterrupt so the writer cleans up."""
 
 
 def _terminate(signum: int, frame: object) -> None:
-    raise Terminated
+    raise _Terminated
 
 
 def os_error_message(error: OSError) -> str:
@@ -131,6 +131,27 @@ def os_error_message(error: OSError) -> str:
     if error.filename is not None and error.strerror:
         return f"{error.filename}: {error.strerror}"
     return str(error)
+
+
+def nothing_stored(
+    prog: str,
+    kind: str,
+    stored: int,
+    skipped: int,
+    part: str | None,
+    sources: Sequence[str],
+    log: str,
+) -> bool:
+    """Whether a run stored nothing it should have, saying so on stderr (``kind``: "videos"
+    or "images"): every input skipped, or none found. An empty ``--part`` is normal."""
+    if stored or not (skipped or part is None):
+        return False
+    if skipped:
+        what = f"0 of {skipped} {kind} stored, see {log}"
+    else:
+        what = f"no {kind} found under {', '.join(sources)}"
+    print(f"{prog}: error: {what}", file=sys.stderr)
+    return True
 
 
 def staged_main(
@@ -159,7 +180,7 @@ def staged_main(
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130
-    except Terminated:
+    except _Terminated:
         print(f"{parser.prog}: terminated", file=sys.stderr)
         return 143
     except OSError as e:
