@@ -129,3 +129,24 @@ def test_epochs_visit_every_image_once_across_ranks(shards: list[str]) -> None:
     assert sorted(seen) == sorted(list(range(IMAGES)) * 2)  # two epochs, each image in each
     first_epoch = sorted(seen[:5] + seen[10:15])
     assert first_epoch == list(range(IMAGES))
+
+
+def test_replace_fills_a_batch_around_a_broken_image(tmp_path) -> None:
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(6):
+        Image.fromarray(photo(40, 48, seed=i)).save(folder / f"{i}.png")
+    (folder / "3.png").write_bytes(b"not a png")  # fails while decoding
+    replacing = ImageDataset(
+        str(folder), batch_size=6, size=16, threads=1, on_error="replace", with_meta=True
+    )
+    with pytest.warns(UserWarning, match=r"replaced: .*3\.png"):
+        images, meta = replacing.read_batch(0)
+    assert images.shape == (6, 3, 16, 16) and 3 not in meta["image"].tolist()
+    with ImageReader(str(folder), size=16) as reader:
+        for k, image_id in enumerate(meta["image"].tolist()):
+            key = sample_key(replacing.seed, int(meta["sample"][k]))
+            alone = reader.read([image_id], item_keys=[key]).image[0]
+            assert np.array_equal(images[k].numpy(), alone)
+    with pytest.raises(Exception, match=r"3\.png"):
+        ImageDataset(str(folder), batch_size=6, size=16, threads=1).read_batch(0)

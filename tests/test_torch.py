@@ -483,6 +483,44 @@ def test_errors_reach_the_training_loop_naming_the_file(broken: Path, workers: i
     assert "NAL" in str(raised.value) or "frames" in str(raised.value)
 
 
+@pytest.fixture(scope="session")
+def mostly_good(videos: Path, broken: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The six good videos, one whose samples are garbage (fails while decoding) and one with
+    no video track (fails while planning)."""
+    root = tmp_path_factory.mktemp("mostly_good")
+    for i in range(len(LENGTHS)):
+        shutil.copy(videos / f"v{i}.mp4", root / f"v{i}.mp4")
+    shutil.copy(broken / "broken.mp4", root / "broken.mp4")
+    (root / "silent.mp4").write_bytes(b"\0\0\0\x18ftypisom\0\0\0\0isomavc1" + b"\0" * 64)
+    return root
+
+
+def test_replace_fills_every_batch_and_names_what_it_replaced(mostly_good: Path) -> None:
+    """``on_error="replace"``: every batch full, the bad videos never in it, a warning naming
+    each (in the process that reads), and the same batches in worker processes and from
+    ``read_batch`` alone."""
+    with pytest.warns(UserWarning, match=r"replaced: .*(broken|silent)\.mp4") as caught:
+        replacing = dataset(mostly_good, on_error="replace", with_meta=True, seed=5)
+        batches = take(ClipLoader(replacing, timeout=WORKER_TIMEOUT), 6)
+    named = {name for w in caught for name in ("broken.mp4", "silent.mp4") if name in str(w)}
+    assert named == {"broken.mp4", "silent.mp4"}
+    members = [m for _, meta in batches for m in meta["member"]]
+    assert len(members) == 6 * BATCH
+    assert not {"broken.mp4", "silent.mp4"} & set(members)
+    in_workers = dataset(mostly_good, on_error="replace", with_meta=True, seed=5)
+    loader = ClipLoader(in_workers, workers=2, timeout=WORKER_TIMEOUT)
+    assert_same_batches(batches, take(loader, 6))
+    alone = dataset(mostly_good, on_error="replace", with_meta=True, seed=5)
+    with pytest.warns(UserWarning):
+        assert_same_batches(batches, [alone.read_batch(b) for b in range(6)])
+
+
+def test_raise_is_the_default_and_names_the_file(mostly_good: Path) -> None:
+    loader = ClipLoader(dataset(mostly_good, seed=5), timeout=WORKER_TIMEOUT)
+    with pytest.raises(kohakuclip.KohakuClipError, match=r"(broken|silent)\.mp4"):
+        take(loader, 6)
+
+
 def test_missing_sources_fail_at_first_use(tmp_path: Path) -> None:
     loader = ClipLoader(ClipDataset(str(tmp_path / "nowhere"), batch_size=2, size=SIZE))
     with pytest.raises(Exception, match="nowhere"):
@@ -584,6 +622,7 @@ def test_custom_sampler_and_spread(videos: Path) -> None:
         (dict(rank=2, world_size=2), "rank"),
         (dict(seed=-1), "seed"),
         (dict(seed=1.5), "seed"),
+        (dict(on_error="skip"), "on_error"),
     ],
 )
 def test_bad_dataset_arguments(videos: Path, kw: dict, match: str) -> None:

@@ -22,13 +22,14 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from kohakuclip._yuv_torch import yuv_to_rgb
+from kohakuclip.errors import KohakuClipError
 from kohakuclip.read.seeding import derive_seed
 from kohakuclip.read.stream import (
     Draw,
@@ -40,11 +41,13 @@ from kohakuclip.read.stream import (
 )
 
 __all__ = [
+    "REPLACE_ATTEMPTS",
     "STATE_VERSION",
     "BatchDataset",
     "ClipDataset",
     "ClipLoader",
     "ImageDataset",
+    "OnError",
     "collate_meta",
     "rank_and_world",
     "sample_key",
@@ -106,6 +109,13 @@ def collate_meta(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {key: _collate_values([record.get(key) for record in records]) for key in keys}
 
 
+OnError = Literal["raise", "replace"]
+"""What a batch dataset does with an item it cannot read (``BatchDataset``'s ``on_error``)."""
+REPLACE_ATTEMPTS = 8
+"""Replacements ``on_error="replace"`` tries for one sample before it raises the error."""
+_REPLACE_TAG = 0x5245504C  # keys the replacement draws apart from every other draw
+
+
 class BatchDataset(IterableDataset):
     """Base of the batch datasets: the sample stream, ranks, sources, in-flight decoding.
 
@@ -131,6 +141,11 @@ class BatchDataset(IterableDataset):
         with_meta: yield ``(batch, meta)`` instead of the batch alone.
         rank: this process's rank (None: from torch.distributed, else RANK).
         world_size: the number of ranks (None: from torch.distributed, else WORLD_SIZE).
+        on_error: what an item that cannot be read does: ``"raise"`` its error (naming the
+            file and member; the iteration ends), or ``"replace"`` it with another item of the
+            same source, drawn from (seed, sample, attempt) so that every worker count and a
+            resumed run replace it alike, with a ``UserWarning`` naming it (after
+            ``REPLACE_ATTEMPTS`` failed replacements the error is raised).
         **reader_options: keywords of the reader a subclass opens (``self.reader_options``).
     """
 
@@ -149,10 +164,13 @@ class BatchDataset(IterableDataset):
         with_meta: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        on_error: OnError = "raise",
         **reader_options: Any,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if on_error not in ("raise", "replace"):
+            raise ValueError(f"on_error must be 'raise' or 'replace', got {on_error!r}")
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         if (rank is None) != (world_size is None):
@@ -168,6 +186,7 @@ class BatchDataset(IterableDataset):
         self.seed = seed
         self.threads = threads
         self.with_meta = with_meta
+        self.on_error = on_error
         self.reader_options = reader_options
         self._ranks = None if rank is None or world_size is None else (rank, world_size)
         self._start = 0
@@ -304,7 +323,60 @@ class BatchDataset(IterableDataset):
 
     def _items(self, reader: Any, batch: int) -> tuple[list[Draw], list[Any]]:
         draws = self.sample_stream().draw(self.first_sample(batch), self.batch_size)
-        return draws, [self._make_item(reader, d.item, d.rng) for d in draws]
+        return draws, [self._item(reader, d) for d in draws]
+
+    def _keys(self, draws: list[Draw]) -> list[int]:
+        """The reader's ``item_keys`` of consecutive draws (each sample's crop and flips)."""
+        return sample_keys(self.seed, draws[0].sample, len(draws))
+
+    def _item(self, reader: Any, draw: Draw, attempt: int = 0) -> Any:
+        """The reader item of ``draw``, or with ``on_error="replace"`` the first of its
+        replacements (from ``attempt`` on) whose planning succeeds."""
+        while True:
+            try:
+                return self._candidate(reader, draw, attempt)
+            except KohakuClipError as e:
+                attempt = self._next_attempt(draw, attempt, e)
+
+    def _candidate(self, reader: Any, draw: Draw, attempt: int) -> Any:
+        """Attempt 0: the drawn item; attempt k: the k-th replacement, an item of the same
+        source drawn from (seed, sample, k)."""
+        if attempt == 0:
+            return self._make_item(reader, draw.item, draw.rng)
+        stream = self.sample_stream()
+        rng = np.random.default_rng(derive_seed(self.seed, _REPLACE_TAG, draw.sample, attempt))
+        local = int(rng.integers(stream.sizes[draw.source]))
+        return self._make_item(reader, int(stream.offsets[draw.source]) + local, rng)
+
+    def _next_attempt(self, draw: Draw, attempt: int, error: KohakuClipError) -> int:
+        """After ``error`` on ``attempt``: the next one, with a warning; raises ``error`` in
+        ``"raise"`` mode and after ``REPLACE_ATTEMPTS`` replacements."""
+        if self.on_error == "raise" or attempt >= REPLACE_ATTEMPTS:
+            raise error
+        warnings.warn(f"sample {draw.sample} replaced: {error}", UserWarning, stacklevel=4)
+        return attempt + 1
+
+    def _repair(
+        self, reader: Any, draws: list[Draw], items: list[Any], out: torch.Tensor, keys: list[int]
+    ) -> list[Any]:
+        """A batch whose read failed, item by item into its slots, each item that cannot be
+        read replaced (``on_error="replace"``); returns the items read."""
+        slots = out.numpy()
+        done = []
+        for k, (draw, item) in enumerate(zip(draws, items, strict=True)):
+            attempt = 0
+            while True:
+                try:
+                    slot = slots[k : k + 1]
+                    got = reader.read([item], slot, item_keys=keys[k : k + 1])
+                    if got.video.ctypes.data != slot.ctypes.data:
+                        slot[...] = got.video
+                    break
+                except KohakuClipError as e:
+                    attempt = self._next_attempt(draw, attempt, e)
+                    item = self._item(reader, draw, attempt)
+            done.append(item)
+        return done
 
     def _stream_meta(self, draws: list[Draw]) -> dict[str, Any]:
         return {
@@ -380,13 +452,18 @@ class BatchDataset(IterableDataset):
                 while len(pending) < depth:
                     draws, items = self._items(reader, batch)
                     out = torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
-                    keys = sample_keys(self.seed, draws[0].sample, len(draws))
-                    job = reader.submit(items, out.numpy(), item_keys=keys)
+                    job = reader.submit(items, out.numpy(), item_keys=self._keys(draws))
                     pending.append((batch, draws, items, out, job))
                     batch += step
                 index, draws, items, out, job = pending.popleft()
-                result = job.result()
-                if result.video.ctypes.data != out.data_ptr():
+                try:
+                    result = job.result()
+                except KohakuClipError:
+                    if self.on_error == "raise":
+                        raise
+                    items = self._repair(reader, draws, items, out, self._keys(draws))
+                    result = None
+                if result is not None and result.video.ctypes.data != out.data_ptr():
                     out.copy_(torch.from_numpy(np.ascontiguousarray(result.video)))
                 if not self.with_meta:
                     yield out
@@ -413,7 +490,7 @@ class ClipDataset(BatchDataset):
     per key), ``sample`` (global sample indices, int64 [B]), ``mix`` (the mixed source of each
     clip, int64 [B]) and ``mix_name`` (its name: the mapping key, or its position as str).
     The arguments it shares with ``BatchDataset`` (sources, batch_size, weights, epochs, seed,
-    threads, with_meta, rank, world_size) are documented there.
+    threads, with_meta, rank, world_size, on_error) are documented there.
 
     Args:
         frames: frames per clip.
@@ -442,6 +519,7 @@ class ClipDataset(BatchDataset):
         with_meta: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        on_error: OnError = "raise",
         **reader_options: Any,
     ) -> None:
         super().__init__(
@@ -454,6 +532,7 @@ class ClipDataset(BatchDataset):
             with_meta=with_meta,
             rank=rank,
             world_size=world_size,
+            on_error=on_error,
             **reader_options,
         )
         if frames < 1:
