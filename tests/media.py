@@ -167,3 +167,19 @@ def write_gulp_dir(
     with open(os.path.join(root, LABEL2IDX_FILE), "w") as f:
         json.dump(label2idx, f)
     return root
+
+
+def broken_gulp_copy(gulp_dir: str, into: str, id_: str, frame: int) -> str:
+    """A copy of ``gulp_dir`` at ``into`` with frame ``frame`` of ``id_`` zeroed (a JPEG no
+    decoder reads); returns ``into``."""
+    import shutil
+
+    from kohakuclip.gulp import open_gulp_source
+
+    shutil.copytree(gulp_dir, into)
+    index = open_gulp_source(into)
+    path, offsets, sizes = index.frames(index.position(id_))
+    with open(path, "r+b") as f:
+        f.seek(int(offsets[frame]))
+        f.write(b"\0" * int(sizes[frame]))
+    return into

@@ -19,6 +19,7 @@ from kohakuclip.read.image_reader import ImageInfo, ImageReader, ImageReadError
 from kohakuclip.read.reader import VideoInfo
 from kohakuclip.storage.image_listing import ImageSourceError
 from tests.image_media import encode, photo, psnr, write_tar, write_zip
+from tests.media import broken_gulp_copy
 
 SIZE = 96
 
@@ -458,15 +459,8 @@ def test_gulp_dir_beside_an_image_shard(gulp_dir, shard):
 
 
 def test_gulp_corrupt_frame_names_file_id_and_frame(gulp_dir, tmp_path):
-    from kohakuclip.gulp import open_gulp_source
-
     broken = tmp_path / "broken"
-    shutil.copytree(gulp_dir, broken)
-    index = open_gulp_source(str(broken))
-    path, offsets, sizes = index.frames(index.position("clip"))
-    with open(path, "r+b") as f:
-        f.seek(int(offsets[2]))
-        f.write(b"\0" * int(sizes[2]))
+    broken_gulp_copy(gulp_dir, str(broken), "clip", 2)
     with ImageReader(str(broken), size=SIZE, threads=2) as reader:
         with pytest.raises(ImageReadError, match=r"data_1\.gulp: id 'clip' frame 2"):
             reader.read([5, 0])

@@ -11,7 +11,7 @@ from PIL import Image
 from kohakuclip import ClipError, Reader, SourceError, write_videos
 from kohakuclip.gulp import GulpDirectory
 from kohakuclip.gulp.chunk import ChunkBuilder
-from tests.media import VideoSpec, frame_rgb, make_video, psnr
+from tests.media import VideoSpec, broken_gulp_copy, frame_rgb, make_video, psnr
 
 
 @pytest.fixture(scope="module")
@@ -66,18 +66,8 @@ def test_gulp_clips_match_gulp_directory(gulp_dir: str) -> None:
 def test_a_corrupt_gulp_frame_names_the_data_file_the_id_and_the_frame(
     gulp_dir: str, tmp_path
 ) -> None:
-    import shutil
-
-    from kohakuclip.gulp import open_gulp_source
-
-    broken = tmp_path / "broken"
-    shutil.copytree(gulp_dir, broken)
-    index = open_gulp_source(str(broken))
-    path, offsets, sizes = index.frames(index.position("vid11"))
-    with open(path, "r+b") as f:
-        f.seek(int(offsets[3]))
-        f.write(b"\0" * int(sizes[3]))
-    with Reader(str(broken), size=32, threads=2) as reader:
+    broken = broken_gulp_copy(gulp_dir, str(tmp_path / "broken"), "vid11", 3)
+    with Reader(broken, size=32, threads=2) as reader:
         vid = [reader.info(v).member for v in range(len(reader))].index("vid11")
         with pytest.raises(
             ClipError, match=r"data_1\.gulp: id 'vid11': frames \[0, 3, 5\]: frame 3"
