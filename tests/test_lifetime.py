@@ -404,6 +404,27 @@ def test_a_fork_first_waits_for_a_pool_closed_by_its_own_thread() -> None:
     assert _wait_child(pid, "a bare child") == 0
 
 
+def test_a_fork_after_a_pool_closed_itself_with_work_queued_does_not_hang() -> None:
+    """The closed pool's threads still run its queued tasks: the fork joins them before it
+    closes the gate to new tasks (the other order waited forever)."""
+    pool = ThreadPool(1, lambda: None)
+    closed = threading.Event()
+
+    def close(state: object) -> None:
+        pool.close()  # on the pool's own thread: the queued tasks still run
+        closed.set()
+
+    queued: Pending[None] = Pending(2, None)
+    pool.submit([close], Pending(1, None))
+    pool.submit([lambda s: time.sleep(0.2)] * 2, queued)
+    assert closed.wait(30)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    assert _wait_child(pid, "a bare child") == 0
+    assert queued.done()
+
+
 # --- scripts that end with work in flight ------------------------------------------------------
 
 SCRIPT = textwrap.dedent(

@@ -108,13 +108,13 @@ class _ForkGate:
         threads is there, and the lock may have been copied held)."""
         self._cond = threading.Condition()
         self._running = 0
-        self._forking = False
+        self._forks = 0  # forks under way (threads may fork at once)
         self._inside = threading.local()  # set on a thread while it runs a task
 
     def enter(self) -> None:
         """A task starts (waits while a fork is under way)."""
         with self._cond:
-            while self._forking:
+            while self._forks:
                 self._cond.wait()
             self._running += 1
         self._inside.task = True
@@ -130,7 +130,7 @@ class _ForkGate:
         own = 1 if getattr(self._inside, "task", False) else 0  # a task that forks
         deadline = time.monotonic() + FORK_WAIT
         with self._cond:
-            self._forking = True
+            self._forks += 1
             while self._running > own:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -145,7 +145,7 @@ class _ForkGate:
 
     def after_fork_in_parent(self) -> None:
         with self._cond:
-            self._forking = False
+            self._forks -= 1
             self._cond.notify_all()
 
 
@@ -161,12 +161,13 @@ def _stop_pools_at_exit() -> None:
 
 
 def _settle_before_fork() -> None:
-    """Before a fork: the running tasks finish (the queued ones wait), and the threads of
-    closed pools finish exiting (idle threads hold no lock and are simply not copied)."""
-    _gate.before_fork()
+    """Before a fork: the threads of closed pools finish exiting (first: they may still run
+    queued tasks, which a closed gate would hold), then the running tasks finish (the queued
+    ones wait). Idle threads hold no lock and are simply not copied."""
     for pool in list(_live):
         if pool._closed:
             pool._join()
+    _gate.before_fork()
 
 
 def _wait_exited(threads: list[threading.Thread], limit: float = 5.0) -> None:
