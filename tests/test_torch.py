@@ -521,6 +521,21 @@ def test_raise_is_the_default_and_names_the_file(mostly_good: Path) -> None:
         take(loader, 6)
 
 
+def test_only_errors_about_an_item_s_data_are_replaced() -> None:
+    from kohakuclip.torch import _about_data
+
+    def caused(error: Exception, cause: Exception) -> Exception:
+        error.__cause__ = cause
+        return error
+
+    storage = kohakuclip.ObjectStoreError("s3://b/x.zip: timed out after retries")
+    assert _about_data(kohakuclip.ClipError("x.zip:a.mp4: frames [0]: libavcodec: ..."))
+    assert _about_data(kohakuclip.MissingObjectError("s3://b/x.zip: not found"))
+    assert not _about_data(storage)
+    assert not _about_data(caused(kohakuclip.ClipError("x.zip:a.mp4: frames [0]"), storage))
+    assert not _about_data(kohakuclip.PoolClosedError("the pool is closed"))
+
+
 def test_missing_sources_fail_at_first_use(tmp_path: Path) -> None:
     loader = ClipLoader(ClipDataset(str(tmp_path / "nowhere"), batch_size=2, size=SIZE))
     with pytest.raises(Exception, match="nowhere"):

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from kohakuclip._yuv_torch import yuv_to_rgb
 from kohakuclip.errors import KohakuClipError
+from kohakuclip.read.pool import PoolClosedError
 from kohakuclip.read.seeding import derive_seed
 from kohakuclip.read.stream import (
     Draw,
@@ -39,6 +40,7 @@ from kohakuclip.read.stream import (
     sample_keys,
     sample_rng,
 )
+from kohakuclip.storage.remote import MissingObjectError, ObjectStoreError
 
 __all__ = [
     "REPLACE_ATTEMPTS",
@@ -114,6 +116,20 @@ OnError = Literal["raise", "replace"]
 REPLACE_ATTEMPTS = 8
 """Replacements ``on_error="replace"`` tries for one sample before it raises the error."""
 _REPLACE_TAG = 0x5245504C  # keys the replacement draws apart from every other draw
+
+
+def _about_data(error: BaseException) -> bool:
+    """Whether ``error`` (and what caused it) is about an item's bytes, which another item can
+    stand in for, rather than storage failing or the reader closed (which would fail the
+    replacement too, or make the batches depend on the moment)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, PoolClosedError):
+            return False
+        if isinstance(seen, ObjectStoreError) and not isinstance(seen, MissingObjectError):
+            return False
+        seen = seen.__cause__
+    return True
 
 
 class BatchDataset(IterableDataset):
@@ -319,22 +335,25 @@ class BatchDataset(IterableDataset):
         Args:
             batch: the batch of this rank.
         """
-        return self._items(self._reader_here(), batch)[1]
+        return self._items(self._reader_here(), batch)[1]  # as drawn (see ``on_error``)
 
-    def _items(self, reader: Any, batch: int) -> tuple[list[Draw], list[Any]]:
+    def _items(self, reader: Any, batch: int) -> tuple[list[Draw], list[Any], list[int]]:
+        """The draws of batch ``batch``, their reader items and the attempt each item is (0:
+        the drawn one; more: a replacement, see ``on_error``)."""
         draws = self.sample_stream().draw(self.first_sample(batch), self.batch_size)
-        return draws, [self._item(reader, d) for d in draws]
+        attempts, items = zip(*(self._item(reader, d) for d in draws), strict=True)
+        return draws, list(items), list(attempts)
 
     def _keys(self, draws: list[Draw]) -> list[int]:
         """The reader's ``item_keys`` of consecutive draws (each sample's crop and flips)."""
         return sample_keys(self.seed, draws[0].sample, len(draws))
 
-    def _item(self, reader: Any, draw: Draw, attempt: int = 0) -> Any:
-        """The reader item of ``draw``, or with ``on_error="replace"`` the first of its
-        replacements (from ``attempt`` on) whose planning succeeds."""
+    def _item(self, reader: Any, draw: Draw, attempt: int = 0) -> tuple[int, Any]:
+        """(attempt, reader item) of ``draw``: the first candidate from ``attempt`` on whose
+        planning succeeds (only the drawn one, attempt 0, unless ``on_error="replace"``)."""
         while True:
             try:
-                return self._candidate(reader, draw, attempt)
+                return attempt, self._candidate(reader, draw, attempt)
             except KohakuClipError as e:
                 attempt = self._next_attempt(draw, attempt, e)
 
@@ -349,22 +368,29 @@ class BatchDataset(IterableDataset):
         return self._make_item(reader, int(stream.offsets[draw.source]) + local, rng)
 
     def _next_attempt(self, draw: Draw, attempt: int, error: KohakuClipError) -> int:
-        """After ``error`` on ``attempt``: the next one, with a warning; raises ``error`` in
-        ``"raise"`` mode and after ``REPLACE_ATTEMPTS`` replacements."""
-        if self.on_error == "raise" or attempt >= REPLACE_ATTEMPTS:
+        """After ``error`` on ``attempt``: the next one, with a warning. Raises ``error`` in
+        ``"raise"`` mode, after ``REPLACE_ATTEMPTS`` replacements, and when it is not about
+        the item's data (storage failing, the reader closed): replacing then would make the
+        batches depend on the network."""
+        if self.on_error == "raise" or attempt >= REPLACE_ATTEMPTS or not _about_data(error):
             raise error
         warnings.warn(f"sample {draw.sample} replaced: {error}", UserWarning, stacklevel=4)
         return attempt + 1
 
     def _repair(
-        self, reader: Any, draws: list[Draw], items: list[Any], out: torch.Tensor, keys: list[int]
+        self,
+        reader: Any,
+        draws: list[Draw],
+        planned: tuple[list[Any], list[int]],
+        out: torch.Tensor,
+        keys: list[int],
     ) -> list[Any]:
         """A batch whose read failed, item by item into its slots, each item that cannot be
-        read replaced (``on_error="replace"``); returns the items read."""
+        read replaced by its next candidate (``on_error="replace"``); returns the items read.
+        ``planned``: the items and their attempts, from ``_items``."""
         slots = out.numpy()
         done = []
-        for k, (draw, item) in enumerate(zip(draws, items, strict=True)):
-            attempt = 0
+        for k, (draw, item, attempt) in enumerate(zip(draws, *planned, strict=True)):
             while True:
                 try:
                     slot = slots[k : k + 1]
@@ -373,8 +399,7 @@ class BatchDataset(IterableDataset):
                         slot[...] = got.video
                     break
                 except KohakuClipError as e:
-                    attempt = self._next_attempt(draw, attempt, e)
-                    item = self._item(reader, draw, attempt)
+                    attempt, item = self._item(reader, draw, self._next_attempt(draw, attempt, e))
             done.append(item)
         return done
 
@@ -445,23 +470,24 @@ class BatchDataset(IterableDataset):
         """Batches ``start, start + step, ...`` with ``depth`` of them decoding at any time."""
         reader = self._reader_here()
         shape = self._batch_shape(reader)
-        pending: deque[tuple[int, list[Draw], list[Any], torch.Tensor, Any]] = deque()
+        pending: deque[tuple[int, list[Draw], list[Any], list[int], torch.Tensor, Any]] = deque()
         batch = start
         try:
             while True:
                 while len(pending) < depth:
-                    draws, items = self._items(reader, batch)
+                    draws, items, attempts = self._items(reader, batch)
                     out = torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
                     job = reader.submit(items, out.numpy(), item_keys=self._keys(draws))
-                    pending.append((batch, draws, items, out, job))
+                    pending.append((batch, draws, items, attempts, out, job))
                     batch += step
-                index, draws, items, out, job = pending.popleft()
+                index, draws, items, attempts, out, job = pending.popleft()
                 try:
                     result = job.result()
                 except KohakuClipError:
                     if self.on_error == "raise":
                         raise
-                    items = self._repair(reader, draws, items, out, self._keys(draws))
+                    planned = (items, attempts)
+                    items = self._repair(reader, draws, planned, out, self._keys(draws))
                     result = None
                 if result is not None and result.video.ctypes.data != out.data_ptr():
                     out.copy_(torch.from_numpy(np.ascontiguousarray(result.video)))
