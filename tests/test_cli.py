@@ -97,12 +97,19 @@ def test_demo_out_refuses_a_folder_it_did_not_write(
 
     out = os.path.join(tmp_path, "demo")
     assert main(["demo", "--out", out, *DEMO]) == 0
-    assert sorted(os.listdir(out)) == ["shards", "sources"]
+    assert sorted(os.listdir(out)) == [".kohakuclip-demo", "shards", "sources"]
     assert sorted(os.listdir(os.path.join(out, "sources"))) == ["sample_000.mp4", "sample_000.txt"]
     again = [*DEMO, "--videos", "2"]  # an earlier demo's output: replaced
     assert main(["demo", "--out", out, *again]) == 0
     assert len(os.listdir(os.path.join(out, "sources"))) == 4
     assert "wrote 2 videos" in capsys.readouterr().out
+    shards_only = os.path.join(tmp_path, "data")  # an empty sources/ beside real shards
+    os.makedirs(os.path.join(shards_only, "sources"))
+    os.makedirs(os.path.join(shards_only, "shards"))
+    with open(os.path.join(shards_only, "shards", "shard_00000.zip"), "wb") as f:
+        f.write(b"someone's shard")
+    assert main(["demo", "--out", shards_only, *DEMO]) == 2
+    assert os.listdir(os.path.join(shards_only, "shards")) == ["shard_00000.zip"]
 
 
 def test_output_into_a_closed_pipe_ends_quietly(tmp_path) -> None:

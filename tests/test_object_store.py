@@ -574,6 +574,11 @@ def test_write_images_to_a_bucket_then_resume(s3, media, tmp_path):
     before = request_counts()
     assert write_images_main([url, "--staging", staging, "--resume", *common]) == 0
     assert request_counts()["requests"] - before["requests"] == 1  # the listing: nothing new
+    fresh = str(tmp_path / "fresh")  # a new run into the same prefix, without --resume
+    assert write_images_main([url, "--staging", fresh, *common]) == 2
+    assert not os.path.exists(fresh)  # refused before anything was made
+    part = [url, "--staging", fresh, "--part", "0/2", *common]  # parts write beside a run
+    assert write_images_main(part) == 0
 
 
 # -- the video writer and merge against the bucket ---------------------------------------------

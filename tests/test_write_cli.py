@@ -270,6 +270,9 @@ def test_runs_that_store_nothing_fail_with_a_message(tmp_path, capsys) -> None:
     small = folder(tmp_path / "small", {"p.jpg": jpeg()})
     assert image_cli.main([str(tmp_path / "o5"), str(small), "--no-progress"]) == 1
     assert "0 of 1 images stored" in capsys.readouterr().err
+    # a part whose block is all bad is normal: merge still needs its files
+    assert cli.main([str(tmp_path / "o6"), str(bad), "--part", "0/1", *FAST]) == 0
+    assert (tmp_path / "o6" / "part-00000-of-00001.skipped.jsonl").exists()
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ with a usage error (exit status 2) before any work starts."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 __all__ = ["bounded_int", "positive_float", "positive_int"]
@@ -31,8 +32,8 @@ def positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
     return value
 
 

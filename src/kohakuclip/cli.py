@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -23,45 +22,44 @@ class _UsageError(Exception):
     that must not be written into): ``prog: error: message``, exit status 2."""
 
 
-def writable_file(path: str) -> None:
-    """A usage error naming ``path`` unless a file can be written there (tried by opening it for
-    appending; a file this made is removed again), before any work is done."""
+def check_writable(path: str) -> None:
+    """A usage error naming ``path`` unless a file can be written there (tried by opening it,
+    without waiting on a FIFO; a file this made is removed again), before any work is done."""
     existed = os.path.lexists(path)
     try:
-        with open(path, "ab"):
-            pass
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        os.close(fd)
     except OSError as e:
         raise _UsageError(f"{path}: {e.strerror or e}") from None
     if not existed:
         os.remove(path)
 
 
-_DEMO_FOLDERS = {"sources", "shards"}
-_DEMO_SOURCE = re.compile(r"sample_\d{3}\.(mp4|txt)")
+_DEMO_MARK = ".kohakuclip-demo"
+"""The file the demo leaves in ``--out``: only a folder holding it is written over."""
 
 
 def _demo_root(out: str) -> None:
     """Make ``out`` for the demo's ``sources/`` and ``shards/``: a new or empty folder, or an
-    earlier demo's output (its files replaced); any other folder is refused, as the demo's
-    files would mix with what is there (a dataset would read wrong)."""
+    earlier demo's output (holding ``_DEMO_MARK``; its files replaced); any other folder is
+    refused, as the demo's files would mix with what is there (a dataset would read wrong)."""
     try:
         entries = set(os.listdir(out)) if os.path.isdir(out) else set()
-        sources = os.path.join(out, "sources")
-        earlier = (
-            entries <= _DEMO_FOLDERS
-            and os.path.isdir(sources)
-            and all(_DEMO_SOURCE.fullmatch(name) for name in os.listdir(sources))
-        )
-        if entries and not earlier:
+        if entries and _DEMO_MARK not in entries:
             raise _UsageError(
                 f"{out}: not empty and not an earlier demo's output; choose a new or empty folder"
             )
-        for name in entries:
-            shutil.rmtree(os.path.join(out, name))
+        for name in entries - {_DEMO_MARK}:
+            path = os.path.join(out, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
         os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, _DEMO_MARK), "w") as f:
+            f.write("written by `kohakuclip demo`: it may replace this folder's files\n")
     except OSError as e:
         raise _UsageError(f"{e.filename or out}: {e.strerror or e}") from None
-    writable_file(os.path.join(out, ".kohakuclip-demo"))
 
 
 def _make_sources(folder: str, count: int, seconds: float) -> list[str]:
@@ -148,7 +146,7 @@ def inspect(args: argparse.Namespace) -> int:
         suffix = os.path.splitext(args.sheet)[1].lower()
         if suffix not in Image.registered_extensions():
             raise _UsageError(f"{args.sheet}: not an image file name Pillow can write (.png ...)")
-        writable_file(args.sheet)
+        check_writable(args.sheet)
     videos = describe(args.paths, gulp_fps=args.gulp_fps)
     print(to_json(videos) if args.json else format_table(videos))
     if args.sheet:

@@ -76,7 +76,8 @@ def list_image_sources(
     try:
         expanded = _expand_shard_folders([local_path(os.fspath(p)) for p in paths])
     except OSError as e:  # e.g. a folder this process may not read
-        raise ImageSourceError(f"{e.filename}: {e.strerror or e}") from None
+        where = e.filename or ", ".join(map(os.fspath, paths))
+        raise ImageSourceError(f"{where}: {e.strerror or e}") from None
     for path in expanded:
         if not is_url(path):
             try:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from kohakuclip.formats import MANIFEST_FILE, PART_PREFIX, SKIPPED_FILE
+from kohakuclip.formats import ENCODING_FILE, MANIFEST_FILE, PART_PREFIX, SKIPPED_FILE
 
-__all__ = ["ANY_SHARD_RE", "OutputNames", "Part", "part_argument"]
+__all__ = ["ANY_SHARD_RE", "OutputNames", "Part", "holds_run", "part_argument"]
 
 
 T = TypeVar("T")
@@ -102,6 +102,16 @@ class OutputNames:
     def owns(self, name: str) -> bool:
         """Whether ``name`` is one of this run's files (shard, manifest, skip log)."""
         return bool(self.shard_pattern().match(name)) or name in (self.manifest, self.skipped)
+
+
+def holds_run(names: Iterable[str], part: Part | None) -> bool:
+    """Whether a folder's (or URL prefix's) file ``names`` hold a run a new one would clash
+    with: for a whole run any writer's shard, manifest or settings; for a part, its own
+    files (the other parts of its job write beside it)."""
+    if part is None:
+        return any(ANY_SHARD_RE.match(n) or n in (MANIFEST_FILE, ENCODING_FILE) for n in names)
+    own = OutputNames(part)
+    return any(own.owns(n) for n in names)
 
 
 def part_argument(parser: argparse.ArgumentParser, verb: str, items: str) -> None:

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from kohakuclip.storage.remote import (
@@ -28,6 +29,7 @@ from kohakuclip.storage.remote import (
     list_objects,
     put_object,
 )
+from kohakuclip.write.parts import Part, holds_run
 
 __all__ = ["nothing_stored", "output_arguments", "run_staged", "staged_main"]
 
@@ -84,13 +86,25 @@ class Staging:
     done: bool = False
 
 
+class _EarlierRun(Exception):
+    """The output prefix holds a run the new one would clash with (no --resume)."""
+
+
 @contextmanager
-def staged(out: str, staging: str | None = None) -> Iterator[Staging]:
+def staged(
+    out: str, staging: str | None = None, clashes: Callable[[list[str]], bool] | None = None
+) -> Iterator[Staging]:
     """The folder a writer builds into for the output URL ``out``: ``staging`` (kept, for
     ``--resume``), or a temporary one removed afterwards; uploaded at the end of the block when
     marked done. The prefix is listed first: an unreachable store or bad credentials fail
-    before anything is encoded."""
+    before anything is encoded, and so does a prefix whose object names ``clashes`` says hold
+    an earlier run."""
     present = present_objects(out)
+    if clashes is not None and clashes([url[len(_prefix(out)) :] for url in present]):
+        raise _EarlierRun(
+            f"{out}: holds an earlier run; pass --resume (with its --staging) to continue it, "
+            "or choose another prefix"
+        )
     folder = staging or tempfile.mkdtemp(prefix="kohakuclip-upload-")
     os.makedirs(folder, exist_ok=True)
     stage = Staging(folder)
@@ -123,6 +137,7 @@ class _Terminated(BaseException):
 
 
 def _terminate(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up
     raise _Terminated
 
 
@@ -142,9 +157,10 @@ def nothing_stored(
     sources: Sequence[str],
     log: str,
 ) -> bool:
-    """Whether a run stored nothing it should have, saying so on stderr (``kind``: "videos"
-    or "images"): every input skipped, or none found. An empty ``--part`` is normal."""
-    if stored or not (skipped or part is None):
+    """Whether a whole run stored nothing, saying so on stderr (``kind``: "videos" or
+    "images"): every input skipped, or none found. A part that stores nothing is normal (its
+    block may be empty or all bad; merge still needs its files)."""
+    if stored or part is not None:
         return False
     if skipped:
         what = f"0 of {skipped} {kind} stored, see {log}"
@@ -175,8 +191,14 @@ def staged_main(
             parser.error(str(e))
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    if main_thread and previous is None:  # a handler installed outside Python
+        previous = signal.SIG_DFL
+    part = Part.parse(args.part) if args.part else None
+    clashes = None if args.resume else partial(holds_run, part=part)
     try:
-        return run_staged(args.out, args.staging, lambda out: write(args, out), parser.prog)
+        return run_staged(
+            args.out, args.staging, lambda out: write(args, out), parser.prog, clashes
+        )
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130
@@ -191,16 +213,23 @@ def staged_main(
             signal.signal(signal.SIGTERM, previous)
 
 
-def run_staged(out: str, staging: str | None, write: Callable[[str], int], prog: str) -> int:
-    """A CLI writer's run for ``out`` (a local folder, or a URL: staged, then uploaded);
-    returns its exit status."""
+def run_staged(
+    out: str,
+    staging: str | None,
+    write: Callable[[str], int],
+    prog: str,
+    clashes: Callable[[list[str]], bool] | None = None,
+) -> int:
+    """A CLI writer's run for ``out`` (a local folder, or a URL: staged, then uploaded, also
+    when it stored nothing (exit status 1): its skip log says why); returns its exit status.
+    ``clashes``: see ``staged``."""
     if not is_url(out):
         return write(out)
     try:
-        with staged(out, staging) as stage:
+        with staged(out, staging, clashes) as stage:
             code = write(stage.folder)
-            stage.done = code == 0
-    except ObjectStoreError as e:
+            stage.done = code in (0, 1)
+    except (ObjectStoreError, _EarlierRun) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     return code
