@@ -188,6 +188,14 @@ def test_the_image_writer_refuses_an_earlier_run_without_resume(tmp_path, capsys
     write_images(parts, [src], min_short=0, progress=False, part="1/2")
     with pytest.raises(WriteError, match="part 0/2"):
         write_images(parts, [src], min_short=0, progress=False, part="0/2")
+    # a folder of the video writer's: neither resumed (which would clear its shards) nor reused
+    videos = tmp_path / "videos"
+    assert cli.main([str(videos), str(folder(tmp_path / "vsrc", {"a.mp4": clip(0)})), *FAST]) == 0
+    kept = {p.name: p.read_bytes() for p in videos.iterdir()}
+    for resume in (False, True):
+        with pytest.raises(WriteError, match="holds the video writer's run"):
+            write_images(videos, [src], min_short=0, progress=False, resume=resume)
+    assert {p.name: p.read_bytes() for p in videos.iterdir()} == kept
 
 
 def test_the_image_part_summary_names_the_part_skip_log(tmp_path, capsys) -> None:

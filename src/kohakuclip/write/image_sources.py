@@ -12,6 +12,7 @@ import os
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import IMAGE_SUFFIXES
@@ -102,8 +103,19 @@ def _file(path: str, key: str) -> SourceImage:
 
 
 def _folder(root: str) -> Iterator[SourceImage]:
-    for rel in list_folder(root, IMAGE_SUFFIXES):
+    """The images below ``root``; a folder that cannot be listed comes as an item whose read
+    fails, so that the skip log names it."""
+    unlistable: list[OSError] = []
+    for rel in list_folder(root, IMAGE_SUFFIXES, on_error=unlistable.append):
         yield _file(os.path.join(root, rel), os.path.splitext(rel)[0])
+    for error in unlistable:
+        path = str(error.filename)
+        key = os.path.relpath(path, root).replace(os.sep, "/")
+        yield SourceImage(key, path, partial(_unlistable, path, error.strerror or str(error)))
+
+
+def _unlistable(path: str, reason: str) -> bytes:
+    raise OSError(f"{path}: cannot list the folder ({reason})")
 
 
 def _list_or_fail(lister: Callable[[str], list[Member]], path: str) -> list[Member]:

@@ -357,12 +357,13 @@ def write_images(
     if names.part is not None:
         _check_parts(out, names.part, settings)
         items = iter(names.part.select(list(items), key=lambda item: item.origin))
-    if not resume:
-        _refuse_earlier(out, names)
+    _refuse_video_run(out)
     if resume:
         finished = _finished(out, names)
         if finished is not None:
             return finished
+    else:
+        _refuse_earlier(out, names)
     _clear(out, names)
     summary = WriteSummary(out)
     manifest_tmp = os.path.join(out, names.manifest + _PARTIAL)
@@ -434,6 +435,21 @@ def _check_parts(out: str, part: Part, settings: _Settings) -> None:
         changed = [k for k, v in mine.items() if other.get(k) != v]
         if changed:
             raise ValueError(f"{out}: {name} was written with other {', '.join(changed)}")
+
+
+def _refuse_video_run(out: str) -> None:
+    """Refuse a folder where the video writer keeps a run (its ``encoding.json``, written
+    first, says so): neither resuming nor starting over may touch its shards."""
+    record = os.path.join(out, ENCODING_FILE)
+    if not os.path.isfile(record):
+        return
+    try:
+        with open(record, encoding="utf-8") as f:
+            kept = json.load(f)
+    except ValueError as e:
+        raise WriteError(f"{record}: not a valid {ENCODING_FILE} ({e})") from None
+    if isinstance(kept, dict) and "index_codec" not in kept:
+        raise WriteError(f"{out}: holds the video writer's run ({record}); choose another folder")
 
 
 def _refuse_earlier(out: str, names: OutputNames) -> None:
