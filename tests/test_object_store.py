@@ -482,16 +482,6 @@ def test_datasets_take_urls_in_worker_processes(s3, media):
     assert torch.equal(remote, local)
 
 
-def test_forked_process_is_told_to_use_forkserver(s3):
-    from kohakuclip.storage.files import FileCache
-
-    with Reader(f"s3://{BUCKET}/shards/av1.zip", size=24) as r:
-        objects = r._catalog.objects
-        child = objects.after_fork(FileCache())  # what a forked child's catalog gets
-        with pytest.raises(OSError, match="forkserver"):
-            child.read(f"s3://{BUCKET}/shards/av1.zip", 0, 16)
-
-
 FORK_AFTER_READING = """
 import os, sys
 from kohakuclip import KohakuClipError, Reader

@@ -16,7 +16,6 @@ from typing import Any, Protocol
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.remote import (
     MissingObjectError,
-    ObjectStoreError,
     RemoteObject,
     is_url,
     local_path,
@@ -71,15 +70,9 @@ class Objects:
         self.cache = cache  # a ``storage.cache.BlockCache`` for remote reads, or None
         self._lock = threading.Lock()
         self._objects: dict[str, RemoteObject] = {}
-        self._forked = False
 
     def remote(self, url: str, meta: Mapping[str, Any] | None = None) -> RemoteObject:
         """The object at ``url``, opened with a HEAD the first time (none given ``meta``)."""
-        if self._forked:
-            raise ObjectStoreError(
-                f"{url}: object-storage sources cannot be read in a forked process (obstore's "
-                "runtime does not survive fork): start workers with 'forkserver' or 'spawn'"
-            )
         with self._lock:
             obj = self._objects.get(url)
         if obj is None:
@@ -89,12 +82,10 @@ class Objects:
         return obj
 
     def after_fork(self, files: FileCache) -> Objects:
-        """The local files for a forked child. Remote objects cannot follow: obstore's I/O
-        runtime does not survive a fork (requests in the child would wait forever), so they
-        raise ``ObjectStoreError`` saying so."""
-        fresh = Objects(files, self.options, self.cache)
-        fresh._forked = bool(self._objects) or self._forked
-        return fresh
+        """The objects for a forked child, with its own local files. Remote objects are opened
+        again there (``storage.remote`` refuses requests in a child forked after its parent
+        made some: obstore's I/O runtime does not survive a fork)."""
+        return Objects(files, self.options, self.cache)
 
     @contextmanager
     def open(self, path: str) -> Iterator[RangedFile]:

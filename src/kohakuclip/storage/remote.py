@@ -319,12 +319,14 @@ def list_objects(
     return sorted(found, key=lambda item: item[0])
 
 
-def put_object(url: str, body: bytes | str, options: Mapping[str, Any] | None = None) -> None:
-    """Write the object at ``url``: ``body`` is its bytes, or (a ``str``) a local file's path.
+def put_object(
+    url: str, body: bytes | os.PathLike[str], options: Mapping[str, Any] | None = None
+) -> None:
+    """Write the object at ``url``: ``body`` is its bytes, or a local file's path.
 
     Args:
         url: where the object goes.
-        body: the bytes, or the path of a file to upload.
+        body: the bytes, or the path (``os.PathLike``) of a file to upload.
         options: the ``storage_options`` of the store.
     """
     import obstore
@@ -333,7 +335,7 @@ def put_object(url: str, body: bytes | str, options: Mapping[str, Any] | None = 
     _requests_allowed(url)
     _count(1, 0)
     try:
-        obstore.put(store, key, Path(body) if isinstance(body, str) else body)
+        obstore.put(store, key, body if isinstance(body, bytes) else Path(body))
     except Exception as e:
         raise describe_error(url, e) from None
 

@@ -98,7 +98,8 @@ def _run(command: list[str], name: str, stop: threading.Event | None) -> tuple[i
     with child:
         while True:
             try:
-                _, stderr = child.communicate(timeout=_STOP_POLL_SECONDS)
+                poll = None if stop is None else _STOP_POLL_SECONDS
+                _, stderr = child.communicate(timeout=poll)
             except subprocess.TimeoutExpired:
                 if stop is not None and stop.is_set():
                     child.kill()

@@ -21,8 +21,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
+from kohakuclip.formats import SHARD_SUFFIXES
 from kohakuclip.storage.remote import (
     ObjectStoreError,
     is_url,
@@ -32,9 +34,6 @@ from kohakuclip.storage.remote import (
 from kohakuclip.write.parts import Part, holds_run
 
 __all__ = ["nothing_stored", "output_arguments", "run_staged", "staged_main"]
-
-
-SHARD_SUFFIXES = (".zip", ".tar")
 
 
 def _order(name: str) -> tuple[int, str]:
@@ -73,7 +72,7 @@ def upload_folder(
         target = prefix + name
         if present.get(target) == size:
             continue
-        put_object(target, path, options)
+        put_object(target, Path(path), options)
         uploaded.append((target, size))
     return uploaded
 
