@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 
 from kohakuclip._argtypes import bounded_int, positive_float
+from kohakuclip.errors import os_error_text
 from kohakuclip.write.samples import make_sample_video
 from kohakuclip.write.shards import WriteResult, write_videos
 
@@ -30,7 +31,7 @@ def check_writable(path: str) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
         os.close(fd)
     except OSError as e:
-        raise _UsageError(f"{path}: {e.strerror or e}") from None
+        raise _UsageError(os_error_text(e, path)) from None
     if not existed:
         os.remove(path)
 
@@ -59,7 +60,7 @@ def _demo_root(out: str) -> None:
         with open(os.path.join(out, _DEMO_MARK), "w") as f:
             f.write("written by `kohakuclip demo`: it may replace this folder's files\n")
     except OSError as e:
-        raise _UsageError(f"{e.filename or out}: {e.strerror or e}") from None
+        raise _UsageError(os_error_text(e, out)) from None
 
 
 def _make_sources(folder: str, count: int, seconds: float) -> list[str]:

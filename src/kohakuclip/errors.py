@@ -7,8 +7,16 @@ Each concrete error also derives from the builtin it always was (``ValueError`` 
 
 from __future__ import annotations
 
-__all__ = ["KohakuClipError"]
+__all__ = ["KohakuClipError", "os_error_text"]
 
 
 class KohakuClipError(Exception):
     """Base class of the package's errors."""
+
+
+def os_error_text(error: OSError, where: str | None = None) -> str:
+    """``place: reason`` for an OSError in a message: its file (else ``where``) and its reason
+    without the ``[Errno N]`` prefix."""
+    reason = error.strerror or str(error) or type(error).__name__
+    place = error.filename if error.filename is not None else where
+    return f"{place}: {reason}" if place is not None else reason

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec
 
 from kohakuclip._argtypes import bounded_int
+from kohakuclip.errors import os_error_text
 from kohakuclip.gulp.adapters import (
     AbstractDatasetAdapter,
     ImageFolderAdapter,
@@ -141,8 +142,7 @@ def _command(name: str | None) -> Callable[[Callable[_P, int]], Callable[_P, int
                 print(f"{prog}: error: {exc}", file=sys.stderr)
                 return 1
             except OSError as exc:
-                where = f"{exc.filename}: " if exc.filename is not None else ""
-                print(f"{prog}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+                print(f"{prog}: error: {os_error_text(exc)}", file=sys.stderr)
                 return 2
 
         return run

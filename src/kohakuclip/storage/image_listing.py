@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kohakuclip.errors import KohakuClipError
+from kohakuclip.errors import KohakuClipError, os_error_text
 from kohakuclip.formats import DATASET_FILE, IMAGE_SUFFIXES, INDEX_MEMBER, SHARD_SUFFIXES
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
@@ -76,14 +76,14 @@ def list_image_sources(
     try:
         expanded = _expand_shard_folders([local_path(os.fspath(p)) for p in paths])
     except OSError as e:  # e.g. a folder this process may not read
-        where = e.filename or ", ".join(map(os.fspath, paths))
-        raise ImageSourceError(f"{where}: {e.strerror or e}") from None
+        where = ", ".join(map(os.fspath, paths))
+        raise ImageSourceError(os_error_text(e, where)) from None
     for path in expanded:
         if not is_url(path):
             try:
                 sources.extend(_open_all(path, use_index))
             except OSError as e:
-                raise ImageSourceError(f"{e.filename or path}: {e.strerror or e}") from None
+                raise ImageSourceError(os_error_text(e, path)) from None
             continue
         try:
             sources.extend(_open_remote(objects, path, use_index))

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kohakuclip.errors import KohakuClipError
+from kohakuclip.errors import KohakuClipError, os_error_text
 from kohakuclip.formats import (
     AV1_DEPS_KEY,
     DATASET_FILE,
@@ -107,7 +107,7 @@ def list_video_sources(
         try:
             lister.add(os.fspath(path))
         except OSError as e:  # e.g. a folder this process may not read
-            raise SourceError(f"{e.filename or os.fspath(path)}: {e.strerror or e}") from None
+            raise SourceError(os_error_text(e, os.fspath(path))) from None
     return lister.sources, lister.videos
 
 

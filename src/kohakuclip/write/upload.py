@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from kohakuclip.errors import os_error_text
 from kohakuclip.formats import SHARD_SUFFIXES
 from kohakuclip.storage.remote import (
     ObjectStoreError,
@@ -140,13 +141,6 @@ def _terminate(signum: int, frame: object) -> None:
     raise _Terminated
 
 
-def os_error_message(error: OSError) -> str:
-    """``path: reason`` for an OSError naming a file, else its text."""
-    if error.filename is not None and error.strerror:
-        return f"{error.filename}: {error.strerror}"
-    return str(error)
-
-
 def nothing_stored(
     prog: str,
     kind: str,
@@ -205,7 +199,7 @@ def staged_main(
         print(f"{parser.prog}: terminated", file=sys.stderr)
         return 143
     except OSError as e:
-        print(f"{parser.prog}: error: {os_error_message(e)}", file=sys.stderr)
+        print(f"{parser.prog}: error: {os_error_text(e)}", file=sys.stderr)
         return 2
     finally:
         if previous is not None:
