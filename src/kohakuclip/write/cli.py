@@ -4,17 +4,15 @@ shards."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
 from kohakuclip._argtypes import positive_int
-from kohakuclip.formats import SKIPPED_FILE
 from kohakuclip.write.merge import MergeError
-from kohakuclip.write.parts import OutputNames, Part, part_argument
+from kohakuclip.write.parts import Part, part_argument
 from kohakuclip.write.settings import DEFAULT_CRF, DEFAULT_PRESET, ENCODERS, EncodeSettings
 from kohakuclip.write.shards import WriteError, write_videos
-from kohakuclip.write.upload import nothing_stored, output_arguments, staged_main
+from kohakuclip.write.upload import nothing_stored, output_arguments, skip_log, staged_main
 
 __all__ = ["main"]
 
@@ -137,10 +135,9 @@ def _write(args: argparse.Namespace, out: str) -> int:
     except (WriteError, MergeError, FileNotFoundError, ImportError, ValueError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    log = OutputNames(Part.parse(args.part)).skipped if args.part else SKIPPED_FILE
+    log = skip_log(args.out, args.part)
     stored = result.videos + result.resumed_videos
-    where = os.path.join(args.out, log)
-    if nothing_stored(PROG, "videos", stored, result.skipped, args.part, args.sources, where):
+    if nothing_stored(PROG, "videos", stored, result.skipped, args.part, args.sources, log):
         return 1
     print(
         f"{result.videos} videos ({result.seconds / 60:.1f} min) in {len(result.shards)} shards, "

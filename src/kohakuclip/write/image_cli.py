@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from kohakuclip._argtypes import positive_int
 from kohakuclip.write.image_codecs import CODEC_ALIASES, JPEG_ENCODERS, STORAGE_CODECS
 from kohakuclip.write.images import check_options, write_images
-from kohakuclip.write.parts import OutputNames, Part, part_argument
+from kohakuclip.write.parts import Part, part_argument
 from kohakuclip.write.shards import WriteError
-from kohakuclip.write.upload import nothing_stored, output_arguments, staged_main
+from kohakuclip.write.upload import nothing_stored, output_arguments, skip_log, staged_main
 
 __all__ = ["main"]
 
@@ -88,8 +88,7 @@ def _write(args: argparse.Namespace, out: str) -> int:
     except (WriteError, ValueError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    names = OutputNames(Part.parse(args.part) if args.part else None)
-    log = f"{args.out.rstrip('/')}/{names.skipped}"
+    log = skip_log(args.out, args.part)
     if nothing_stored(
         PROG, "images", summary.images, summary.skipped, args.part, args.sources, log
     ):

@@ -32,9 +32,9 @@ from kohakuclip.storage.remote import (
     list_objects,
     put_object,
 )
-from kohakuclip.write.parts import Part, holds_run
+from kohakuclip.write.parts import OutputNames, Part, holds_run
 
-__all__ = ["nothing_stored", "output_arguments", "run_staged", "staged_main"]
+__all__ = ["nothing_stored", "output_arguments", "run_staged", "skip_log", "staged_main"]
 
 
 def _order(name: str) -> tuple[int, str]:
@@ -139,6 +139,11 @@ class _Terminated(BaseException):
 def _terminate(signum: int, frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up
     raise _Terminated
+
+
+def skip_log(out: str, part: str | None) -> str:
+    """Where a run's (a part's) skip log is, for messages: under ``out``, a folder or URL."""
+    return f"{out.rstrip('/')}/{OutputNames(Part.parse(part) if part else None).skipped}"
 
 
 def nothing_stored(
