@@ -11,7 +11,7 @@ from kohakuclip._argtypes import positive_int
 from kohakuclip.write.merge import MergeError
 from kohakuclip.write.parts import Part, part_argument
 from kohakuclip.write.settings import DEFAULT_CRF, DEFAULT_PRESET, ENCODERS, EncodeSettings
-from kohakuclip.write.shards import WriteError, write_videos
+from kohakuclip.write.shards import WriteError, check_ray_options, write_videos
 from kohakuclip.write.upload import nothing_stored, output_arguments, skip_log, staged_main
 
 __all__ = ["main"]
@@ -104,10 +104,7 @@ def _check(args: argparse.Namespace) -> None:
     EncodeSettings(args.codec, args.crf, args.gop, args.preset, args.max_short, args.loop_filters)
     if args.part is not None:
         Part.parse(args.part)
-        if args.ray:
-            raise ValueError("--ray runs every part itself: pass --part or --ray, not both")
-    if args.ray_parts is not None and not args.ray:
-        raise ValueError("--ray-parts needs --ray")
+    check_ray_options(args.ray, args.part, args.ray_parts)
 
 
 def _write(args: argparse.Namespace, out: str) -> int:

@@ -42,7 +42,7 @@ from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.sources import Source, expand_sources
 from kohakuclip.write.video import EncodedVideo, EncodeError, encode_video
 
-__all__ = ["PARTS_DIR", "WriteError", "WriteResult", "write_videos"]
+__all__ = ["PARTS_DIR", "WriteError", "WriteResult", "check_ray_options", "write_videos"]
 
 
 Backend = Literal["native", "ffmpeg"]
@@ -388,6 +388,17 @@ def _merge_manifest(out: str, names: OutputNames) -> None:
         os.rmdir(parts)
 
 
+def check_ray_options(ray: bool, part: Part | str | None, ray_parts: int | None) -> None:
+    """Refuse a part with ``ray`` (Ray runs every part itself) and ``ray_parts`` without it
+    (or below 1): ValueError naming the keyword and the command-line option."""
+    if ray and part is not None:
+        raise ValueError("ray (--ray) runs every part itself: pass part or ray, not both")
+    if ray_parts is not None and (not ray or ray_parts < 1):
+        raise ValueError(
+            f"ray_parts (--ray-parts) must be at least 1 and needs ray (--ray), got {ray_parts}"
+        )
+
+
 def write_videos(
     out: str | os.PathLike[str],
     sources: Iterable[str | os.PathLike[str] | Source | tuple[str, bytes]],
@@ -452,15 +463,12 @@ def write_videos(
         raise ValueError(f"gulp_fps must be positive, got {gulp_fps}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
-    if ray_parts is not None and (not ray or ray_parts < 1):
-        raise ValueError(f"ray_parts must be at least 1, and needs ray=True, got {ray_parts}")
+    check_ray_options(ray, part, ray_parts)
     _encoder(backend)
     if isinstance(sources, str | os.PathLike):
         sources = [sources]
     job = _Job(settings, container, per_shard, workers, backend, gulp_fps)
     if ray:
-        if part is not None:
-            raise ValueError("ray runs every part itself: pass part or ray, not both")
         from kohakuclip.write.ray_launcher import write_on_ray
 
         return write_on_ray(out, list(sources), job, resume, progress, ray_parts)
