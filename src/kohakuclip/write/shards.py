@@ -177,9 +177,9 @@ def _prepare(out: str, config: dict, resume: bool, names: OutputNames) -> _Done:
         try:
             earlier = json.load(f)
         except ValueError as e:
-            earlier = e
+            raise WriteError(f"{settings_path}: not a valid {ENCODING_FILE} ({e})") from None
     if not isinstance(earlier, dict):
-        raise WriteError(f"{settings_path}: not a valid {ENCODING_FILE} ({earlier})")
+        raise WriteError(f"{settings_path}: not a valid {ENCODING_FILE} (not a JSON object)")
     changed = [k for k in _RESUME_KEYS if earlier.get(k) != config[k]]
     what = "an earlier run" if names.part is None else f"an earlier run of part {names.part}"
     if (names.part is None or mine) and not resume:
