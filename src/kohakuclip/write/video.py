@@ -215,7 +215,8 @@ def encode_video(
 
     Native frame rate (frames renumbered at a constant rate), short side capped and even
     dimensions, upright, 8-bit 4:2:0 limited range tagged BT.601 / BT.709; audio is dropped.
-    Setting ``stop`` abandons the encode at the next frame (EncodeError).
+    Setting ``stop`` abandons the encode before the next frame (EncodeError), once the encoder
+    has drained the frames it holds (SVT-AV1's lookahead: about two seconds at most here).
     """
     settings = settings or EncodeSettings()
     name = name or source_name(source)
@@ -250,7 +251,8 @@ def encode_frames(
     """Encode decoded frames as a faststart mp4 in memory (any frame source: a demuxed file,
     decoded JPEGs). ``plan`` takes the first frame and returns the stored layout and rate;
     every frame then goes through the layout's filter chain to the encoder, numbered at that
-    constant rate. Setting ``stop`` (an interrupted writer) abandons it at the next frame."""
+    constant rate. Setting ``stop`` (an interrupted writer) abandons it before the next frame,
+    the encoder drained first."""
     buffer = io.BytesIO()
     output = av.open(buffer, "w", format="mp4")
     probe: SourceProbe | None = None
