@@ -425,8 +425,17 @@ def test_5xx_retried_then_error_naming_the_url(http, media):
         r.info(0)
         r.read([(0, [1])])  # frame table and dependency table read
         state.failures["/shards/av1.zip"] = [500] * 10
-        with pytest.raises(ClipError, match=f"{base}/shards/av1.zip"):
+        with pytest.raises(ClipError, match=f"{base}/shards/av1.zip") as failed:
             r.read([(0, [20, 21])])
+    state.failures.clear()
+    from kohakuclip.torch import _about_data
+
+    assert not _about_data(failed.value)  # on_error="replace" raises it: storage, not data
+    with Reader(f"{base}/shards/av1.zip", size=24, storage_options=_FAST_RETRY) as r:
+        state.failures["/shards/av1.zip"] = [500] * 10  # while the frame table is read
+        with pytest.raises(ClipError) as failed:
+            r.read([(0, [1])])
+        assert not _about_data(failed.value)
     state.failures.clear()
 
 

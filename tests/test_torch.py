@@ -534,6 +534,8 @@ def test_only_errors_about_an_item_s_data_are_replaced() -> None:
     assert not _about_data(storage)
     assert not _about_data(caused(kohakuclip.ClipError("x.zip:a.mp4: frames [0]"), storage))
     assert not _about_data(kohakuclip.PoolClosedError("the pool is closed"))
+    resolved = caused(kohakuclip.SourceError("s3://b/x.zip: timed out"), storage)
+    assert not _about_data(caused(kohakuclip.ClipError("x.zip:a.mp4: frames [0]"), resolved))
 
 
 def test_missing_sources_fail_at_first_use(tmp_path: Path) -> None:

@@ -155,7 +155,7 @@ def read_image(loc: ImageLocation, files: FileCache) -> bytes:
         try:
             data = loc.remote.read(loc.offset, loc.size)
         except ObjectStoreError as e:
-            raise ImageSourceError(str(e)) from None
+            raise ImageSourceError(str(e)) from e  # the cause tells storage from data
     else:
         with files.open(loc.path) as fd:
             data = os.pread(fd, loc.size, loc.offset)

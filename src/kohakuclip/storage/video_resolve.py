@@ -76,7 +76,7 @@ def member_location(
         try:
             return url, 0, objects.remote(url).size
         except ObjectStoreError as e:
-            raise SourceError(str(e)) from None
+            raise SourceError(str(e)) from e  # the cause tells storage from data
     if src.kind == "folder":
         path = os.path.join(src.path, ref.member)
         try:
@@ -88,7 +88,7 @@ def member_location(
             with objects.open(src.path) as f:
                 member = find_zip_member(f, ref.member, stored_only=False)
         except (ArchiveError, ObjectStoreError) as e:
-            raise SourceError(str(e)) from None
+            raise SourceError(str(e)) from e
     else:
         member = archive_members(objects, src).get(ref.member)
     if member is None:
@@ -323,6 +323,6 @@ def _opened(objects: Objects, path: str, where: str) -> Iterator[RangedFile]:
         with objects.open(path) as f:
             yield f
     except ObjectStoreError as e:
-        raise SourceError(str(e)) from None
+        raise SourceError(str(e)) from e
     except OSError as e:
         raise SourceError(f"{where}: {e.strerror}") from None
