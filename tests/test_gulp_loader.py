@@ -202,21 +202,27 @@ def test_persistent_workers_serve_every_epoch(gulp_dir: str, context: str) -> No
         multiprocessing_context=context,
         persistent_workers=True,
     )
-    first = list(loader)
-    pids = {int(pid) for *_, batch_pids in first for pid in batch_pids}
-    assert pids <= {p.pid for p in multiprocessing.active_children()} and pids
-    assert_same([(f, lab) for f, lab, _ in first], straight[0])
-    abandoned = iter(loader)
-    next(abandoned)
-    abandoned.close()  # type: ignore[attr-defined]
-    loader.set_epoch(1)
-    again = list(loader)
-    assert_same([(f, lab) for f, lab, _ in again], straight[1])
-    assert {int(pid) for *_, batch_pids in again for pid in batch_pids} <= pids
-    loader.close()
-    assert not multiprocessing.active_children()
-    assert_same([(f, lab) for f, lab, _ in loader], straight[2])  # new workers
-    loader.close()
+    try:
+        first = list(loader)
+        assert loader._workers is not None
+        processes = list(loader._workers.processes)
+        pids = {int(pid) for *_, batch_pids in first for pid in batch_pids}
+        assert pids and pids <= {p.pid for p in processes}
+        assert_same([(f, lab) for f, lab, _ in first], straight[0])
+        abandoned = iter(loader)
+        next(abandoned)
+        abandoned.close()  # type: ignore[attr-defined]
+        loader.set_epoch(1)
+        again = list(loader)
+        assert_same([(f, lab) for f, lab, _ in again], straight[1])
+        served = {int(pid) for *_, batch_pids in again for pid in batch_pids}
+        assert served <= {p.pid for p in processes}  # the same processes (either may serve)
+        assert loader._workers is not None and loader._workers.processes == processes
+        loader.close()
+        assert not any(p.is_alive() for p in processes)
+        assert_same([(f, lab) for f, lab, _ in loader], straight[2])  # new workers
+    finally:
+        loader.close()
 
 
 def test_a_new_iteration_replaces_an_unfinished_persistent_one(gulp_dir: str) -> None:

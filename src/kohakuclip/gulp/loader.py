@@ -14,6 +14,7 @@ import everything again in each worker, save most on).
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import pickle
 import queue
 import signal
@@ -108,13 +109,36 @@ def _work(dataset: Any, collate_fn: Callable[[list[Any]], Any], tasks: Any, resu
             results.put((run, batch, False, _pickled_error(exc), traceback.format_exc()))
 
 
+class _Results:
+    """Where the workers' results go: one pipe, each message written whole, under a lock, by
+    the worker's own thread. (A queue writes from a background thread: a worker that died
+    (``os._exit``, a crash) while that thread wrote left half a message in the pipe, and the
+    loader waited for the rest forever.)"""
+
+    def __init__(self, context: Any) -> None:
+        self.reader, self.writer = context.Pipe(duplex=False)
+        self.lock = context.Lock()
+
+    def put(self, result: tuple[Any, ...]) -> None:
+        """Send ``result`` (in a worker; it waits while the loader is behind)."""
+        data = pickle.dumps(result, pickle.HIGHEST_PROTOCOL)
+        with self.lock:
+            self.writer.send_bytes(data)
+
+    def get(self, timeout: float, sentinels: list[Any]) -> Any:
+        """The next result, or None when none came within ``timeout`` seconds or one of the
+        processes behind ``sentinels`` exited first."""
+        ready = multiprocessing.connection.wait([self.reader, *sentinels], timeout)
+        return pickle.loads(self.reader.recv_bytes()) if self.reader in ready else None
+
+
 class _Workers:
     """Worker processes (``_work``) and their task and result queues."""
 
     def __init__(
         self, context: Any, count: int, dataset: Any, collate_fn: Callable[[list[Any]], Any]
     ) -> None:
-        self.tasks, self.results = context.Queue(), context.Queue()
+        self.tasks, self.results = context.Queue(), _Results(context)
         self.tasks.cancel_join_thread()  # never wait at exit to hand tasks nobody will take
         self.processes: list[Any] = []
         args = (dataset, collate_fn, self.tasks, self.results)
@@ -346,13 +370,11 @@ class DataLoader:
     ) -> tuple[int, bool, bytes, str]:
         """The next result of iteration ``run`` from any worker (those of an earlier one are
         dropped); raises when a worker died or ``timeout`` passed."""
+        sentinels = [w.sentinel for w in workers.processes]
         while True:
-            try:
-                got_run, *result = workers.results.get(timeout=0.2)
-            except queue.Empty:
-                got_run = None
-            if got_run == run:
-                return tuple(result)
+            got = workers.results.get(0.2, sentinels)
+            if got is not None and got[0] == run:
+                return tuple(got[1:])
             dead = workers.dead()
             if dead is not None:
                 raise RuntimeError(
