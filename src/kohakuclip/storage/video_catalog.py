@@ -98,7 +98,7 @@ class Catalog:
         ref = self.videos[vid]
         src = self.sources[ref.source]
         if src.gulp is not None:
-            data_path = src.gulp.frames(src.gulp.position(ref.member))[0]
+            data_path = src.gulp.data_path(src.gulp.position(ref.member))
             return f"{data_path}: id {ref.member!r}"
         return f"{src.path}:{ref.member}"
 
