@@ -41,7 +41,7 @@ def folder(root: Path, files: dict[str, bytes]) -> Path:
 
 
 def leftovers(out: Path) -> list[str]:
-    return sorted(p.name for p in out.rglob("*") if p.name.endswith((".tmp", ".partial")))
+    return sorted(p.name for p in out.rglob("*") if p.name.endswith(".tmp"))
 
 
 def start(module: str, *args: str | Path, limit: int | None = None) -> subprocess.Popen[str]:

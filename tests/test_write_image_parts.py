@@ -5,6 +5,7 @@ listed shards."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from kohakuclip import ImageReader, Reader
+from kohakuclip import ImageReader, Reader, WriteError
 from kohakuclip import cli as kohakuclip_cli
 from kohakuclip.storage.video_listing import SourceError
 from kohakuclip.write import image_cli
@@ -91,10 +92,22 @@ def test_image_part_rerun_is_byte_identical_and_resume_keeps_it(parts, images, t
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == stamps
     (tmp_path / "part-00001-of-00002.encoding.json").unlink()  # unfinished: written again
     (tmp_path / names[0]).write_bytes(b"half a shard")
+    killed = tmp_path / f"{names[-1]}.tmp"  # what a kill leaves of the shard being written
+    killed.write_bytes(b"cut short")
     write_images(tmp_path, [images], part="1/2", resume=True, **FAST)
     assert (tmp_path / names[0]).read_bytes() == (parts / names[0]).read_bytes()
+    assert not killed.exists()
     with pytest.raises(ValueError, match="parts"):
         write_images(tmp_path, [images], part="0/3", **FAST)
+
+
+def test_a_killed_parts_leftover_alone_is_an_earlier_run_of_it(images, tmp_path) -> None:
+    killed = "part-00001-of-00002.shard_00000.zip.tmp"
+    (tmp_path / killed).write_bytes(b"cut short")
+    with pytest.raises(WriteError, match=rf"part 1/2 \({re.escape(killed)}\)"):
+        write_images(tmp_path, [images], part="1/2", **FAST)
+    write_images(tmp_path, [images], part="0/2", **FAST)  # another part's is not
+    assert (tmp_path / killed).read_bytes() == b"cut short"
 
 
 def test_image_reader_over_the_view_equals_the_listed_shards(parts, single) -> None:

@@ -22,6 +22,7 @@ import kohakuclip
 from kohakuclip import ClipError, MergeError, Part, Reader, Source, WriteError, merge, write_videos
 from kohakuclip import cli as kohakuclip_cli
 from kohakuclip.write import cli
+from kohakuclip.write.parts import earlier_run, holds_run
 from tests.media import VideoSpec, make_video
 
 FAST = {"codec": "av1", "preset": 12, "per_shard": 2, "workers": 1, "progress": False}
@@ -169,6 +170,24 @@ def test_merge_refuses_missing_or_unfinished_parts(sources, tmp_path) -> None:
     os.mkdir(tmp_path / ".part-00002-of-00003.manifest-parts")
     with pytest.raises(MergeError, match="unfinished 2/3"):
         merge(tmp_path)
+
+
+def test_what_shows_an_earlier_run() -> None:
+    """One rule for both writers, folders and URL prefixes: a whole run clashes with any
+    writer's shard, manifest, skip log or settings; a part only with its own files, record,
+    half-written files and unfinished manifest rows."""
+    other, own, part = "part-00001-of-00002.", "part-00000-of-00002.", Part(0, 2)
+    beside = [f"{other}{n}" for n in ("shard_00000.zip", "skipped.jsonl", "encoding.json")]
+    beside += [f"{other}manifest.parquet.tmp", "dataset.json", "notes.txt"]
+    assert earlier_run(beside, part) is None and not holds_run(beside, part)
+    for name in ("shard_00003.tar", "manifest.parquet", "skipped.jsonl", "encoding.json"):
+        assert earlier_run([*beside, own + name], part) == own + name
+    for name in (f"{own}shard_00000.zip.tmp", f".{own}manifest-parts"):
+        assert earlier_run([*beside, name], part) == name
+    assert earlier_run(["notes.txt", "dataset.json", "x.tmp"], None) is None
+    for name in ("shard_00000.zip", "manifest.parquet", "skipped.jsonl", "encoding.json"):
+        assert earlier_run(["notes.txt", name], None) == name and holds_run([name], None)
+    assert earlier_run(beside, None) == f"{other}shard_00000.zip"  # any writer's shard
 
 
 def test_part_arguments_and_folders_that_do_not_fit(sources, tmp_path) -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import subprocess
+import sys
 import tarfile
 from functools import cache
 from pathlib import Path
@@ -17,6 +20,7 @@ from kohakuclip import Source, WriteError, write_videos
 from kohakuclip import cli as demo_cli
 from kohakuclip.write import cli, shards
 from tests.media import VideoSpec, make_video
+from tests.paths import child_env
 from tests.writer_media import read_index
 
 FAST = {"codec": "av1", "preset": 12, "progress": False}
@@ -310,6 +314,38 @@ def test_dangling_links_fifos_and_symlink_loops_in_a_folder(tmp_path) -> None:
     reasons = {Path(line["source"]).name: line["reason"] for line in lines}
     assert "cannot read" in reasons["dangling.mp4"]
     assert "not a regular file" in reasons["pipe.mp4"]
+
+
+UNLISTABLE = """
+import sys
+from kohakuclip import write_videos
+
+result = write_videos(sys.argv[2], [sys.argv[1]], codec="av1", preset=12, progress=False)
+print(result.videos, result.skipped)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_folder_the_writer_may_not_list_is_in_the_skip_log(tmp_path) -> None:
+    src = make_folder(tmp_path / "src", {"ok.mp4": clip(0), "locked/hidden.mp4": clip(1)})
+    command = [sys.executable, "-c", UNLISTABLE, str(src), str(tmp_path / "out")]
+    if os.geteuid() == 0:  # root lists anything: run without the capabilities that allow it
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv")
+        drop = "--bounding-set=-dac_override,-dac_read_search"
+        command = ["setpriv", "--inh-caps=-all", drop, *command]
+    (src / "locked").chmod(0)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=child_env())
+    finally:
+        (src / "locked").chmod(0o755)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1", "1"]
+    assert [r["member"] for r in manifest(tmp_path / "out")] == ["ok.mp4"]
+    lines = [json.loads(x) for x in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
+    locked = str(src / "locked")
+    assert [line["source"] for line in lines] == [locked]
+    assert lines[0]["reason"].startswith(f"{locked}: cannot list (")
 
 
 def test_a_corrupt_encoding_json_is_named(tmp_path, capsys) -> None:

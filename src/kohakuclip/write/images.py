@@ -22,22 +22,16 @@ from collections import deque
 from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from kohakuclip.formats import (
-    ENCODING_FILE,
-    IMAGE_CODECS,
-    IMAGE_MANIFEST_SCHEMA,
-    INDEX_MEMBER,
-    MANIFEST_FILE,
-    SKIPPED_FILE,
-)
+from kohakuclip.formats import ENCODING_FILE, IMAGE_CODECS, IMAGE_MANIFEST_SCHEMA, INDEX_MEMBER
 from kohakuclip.storage.image_index import encode_image_index, image_records
 from kohakuclip.storage.zip import ZipWriter
+from kohakuclip.write._atomic import PendingFile, naming, replacing, write_atomically
 from kohakuclip.write.image_codecs import (
     INDEX_CODEC,
     Encoded,
@@ -46,8 +40,7 @@ from kohakuclip.write.image_codecs import (
 )
 from kohakuclip.write.image_prepare import Backend, ImageSkip, prepare
 from kohakuclip.write.image_sources import SourceImage, iter_sources
-from kohakuclip.write.pack import naming
-from kohakuclip.write.parts import ANY_SHARD_RE, OutputNames, Part
+from kohakuclip.write.parts import OutputNames, Part, earlier_run
 from kohakuclip.write.shards import WriteError
 
 __all__ = [
@@ -58,9 +51,6 @@ __all__ = [
     "pack_images",
     "write_images",
 ]
-
-
-_PARTIAL = ".partial"
 
 
 @dataclass(frozen=True)
@@ -153,8 +143,8 @@ class _ShardWriter:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._file = open(path + _PARTIAL, "wb")  # closed by finish / abort
-        self._zip = ZipWriter(self._file)
+        self._out = PendingFile(path)  # committed by finish, discarded by abort
+        self._zip = ZipWriter(self._out.file)
         self._rows: list[tuple[int, int, int, int, int, int]] = []
         self._names: set[str] = set()
 
@@ -183,18 +173,13 @@ class _ShardWriter:
         with naming(self.path):
             self._zip.add(INDEX_MEMBER, encode_image_index(records))
             self._zip.close()
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-        os.replace(self.path + _PARTIAL, self.path)
+        self._out.commit()
 
     def abort(self) -> None:
-        with contextlib.suppress(Exception):  # the partial file is deleted either way
+        """Drop the shard being written."""
+        with contextlib.suppress(Exception):  # the temporary file is deleted either way
             self._zip.close()
-        with contextlib.suppress(OSError):  # its buffer may not fit on a full disk
-            self._file.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path + _PARTIAL)
+        self._out.discard()
 
 
 def pack_images(
@@ -366,23 +351,22 @@ def write_images(
         _refuse_earlier(out, names)
     _clear(out, names)
     summary = WriteSummary(out)
-    manifest_tmp = os.path.join(out, names.manifest + _PARTIAL)
-    manifest = pq.ParquetWriter(manifest_tmp, IMAGE_MANIFEST_SCHEMA)
-    skipped_tmp = os.path.join(out, names.skipped + _PARTIAL)
-    shard: _ShardWriter | None = None
-    rows: list[dict[str, Any]] = []
-    try:
-        with (
-            open(skipped_tmp, "w", encoding="utf-8") as skipped,
-            tqdm(unit="img", disable=not progress, desc="images") as bar,
-            contextlib.closing(_in_order(items, settings, workers)) as results,
-        ):
+    with (  # the manifest and the skip log are renamed into place only when the run succeeds
+        replacing(os.path.join(out, names.manifest)) as manifest_file,
+        replacing(os.path.join(out, names.skipped)) as skipped,
+        _manifest_writer(manifest_file) as manifest,
+        tqdm(unit="img", disable=not progress, desc="images") as bar,
+        contextlib.closing(_in_order(items, settings, workers)) as results,
+    ):
+        shard: _ShardWriter | None = None
+        rows: list[dict[str, Any]] = []
+        try:
             for item, result in results:
                 bar.update(1)
                 if isinstance(result, ImageSkip):
                     line = {"source": item.origin, "key": item.key, "reason": result.reason}
                     line["detail"] = result.detail
-                    skipped.write(json.dumps(line, ensure_ascii=False) + "\n")
+                    skipped.write((json.dumps(line, ensure_ascii=False) + "\n").encode())
                     summary.skipped += 1
                     continue
                 if shard is None:
@@ -400,24 +384,29 @@ def write_images(
             if shard is not None:
                 summary.shards.append(_close_shard(shard, manifest, rows))
                 shard = None
-        manifest.close()
-    except BaseException:
-        if shard is not None:
-            shard.abort()
-        with contextlib.suppress(OSError):
-            manifest.close()
-        for temp in (manifest_tmp, skipped_tmp):
-            with contextlib.suppress(OSError):
-                os.remove(temp)
-        raise
-    os.replace(manifest_tmp, os.path.join(out, names.manifest))
-    os.replace(skipped_tmp, os.path.join(out, names.skipped))
-    record = os.path.join(out, names.prefix + ENCODING_FILE)
-    with open(record + _PARTIAL, "w", encoding="utf-8") as f:
-        json.dump(_encoding_record(settings, summary, names.part), f, indent=2)
-        f.write("\n")
-    os.replace(record + _PARTIAL, record)
+        except BaseException:
+            if shard is not None:
+                shard.abort()
+            raise
+    record = _encoding_record(settings, summary, names.part)
+    text = json.dumps(record, indent=2) + "\n"
+    write_atomically(os.path.join(out, names.record), text.encode())
     return summary
+
+
+@contextlib.contextmanager
+def _manifest_writer(file: BinaryIO) -> Iterator[pq.ParquetWriter]:
+    """A manifest writer into ``file``, closed (its footer written) when the block ends; also
+    when it raises, quietly, as ``file`` is then discarded (left open, the writer would try to
+    close itself when collected, into a closed file)."""
+    writer = pq.ParquetWriter(file, IMAGE_MANIFEST_SCHEMA)
+    try:
+        yield writer
+    except BaseException:
+        with contextlib.suppress(OSError):
+            writer.close()
+        raise
+    writer.close()
 
 
 def _check_parts(out: str, part: Part, settings: _Settings) -> None:
@@ -454,26 +443,19 @@ def _refuse_video_run(out: str) -> None:
 
 def _refuse_earlier(out: str, names: OutputNames) -> None:
     """Without ``resume``, refuse a folder holding an earlier run's (part's) files, or, for a
-    whole run, any writer's: they would be overwritten."""
-    record = names.prefix + ENCODING_FILE
-    whole_run = (MANIFEST_FILE, ENCODING_FILE, SKIPPED_FILE)
-    for name in sorted(os.listdir(out)):
-        if names.part is None:
-            earlier = bool(ANY_SHARD_RE.match(name)) or name in whole_run
-        else:
-            mine = name.startswith(names.prefix) and name.endswith(_PARTIAL)
-            earlier = mine or names.owns(name) or name == record
-        if earlier:
-            what = "an earlier run" + ("" if names.part is None else f" of part {names.part}")
-            raise WriteError(
-                f"{out}: holds {what} ({name}); pass resume=True (--resume) to continue it, "
-                "or choose another folder"
-            )
+    whole run, any writer's (``parts.earlier_run``): they would be overwritten."""
+    found = earlier_run(os.listdir(out), names.part)
+    if found is not None:
+        what = "an earlier run" + ("" if names.part is None else f" of part {names.part}")
+        raise WriteError(
+            f"{out}: holds {what} ({found}); pass resume=True (--resume) to continue it, "
+            "or choose another folder"
+        )
 
 
 def _finished(out: str, names: OutputNames) -> WriteSummary | None:
     """The summary of a run (part) whose record says it finished and whose shards are there."""
-    record = os.path.join(out, names.prefix + ENCODING_FILE)
+    record = os.path.join(out, names.record)
     if not os.path.isfile(record):
         return None
     with open(record, encoding="utf-8") as f:
@@ -496,10 +478,9 @@ def _clear(out: str, names: OutputNames) -> None:
     """Remove what an earlier, unfinished attempt of this run (part) left."""
     pattern = names.shard_pattern("zip")
     for name in os.listdir(out):
-        mine = name.startswith(names.prefix) if names.part is not None else True
-        if mine and (name.endswith(_PARTIAL) or pattern.match(name.removesuffix(_PARTIAL))):
+        if names.temporary(name) or pattern.match(name):
             os.remove(os.path.join(out, name))
-    record = os.path.join(out, names.prefix + ENCODING_FILE)
+    record = os.path.join(out, names.record)
     if os.path.isfile(record):
         os.remove(record)
 

@@ -40,7 +40,7 @@ from kohakuclip.storage.remote import (
 from kohakuclip.storage.video_listing import SourceError, index_layout
 from kohakuclip.storage.view import DatasetView, ShardListing, ViewKind, dump_view
 from kohakuclip.storage.zip import ArchiveError
-from kohakuclip.write.pack import TEMP_SUFFIX
+from kohakuclip.write._atomic import write_atomically
 from kohakuclip.write.parts import OutputNames, Part
 
 __all__ = ["MergeError", "MergeResult", "merge"]
@@ -133,10 +133,7 @@ class _Out:
         """Write ``name`` whole: a renamed temporary file, or one PUT."""
         path = self.path(name)
         if not self.remote:
-            temp = path + TEMP_SUFFIX
-            with open(temp, "wb") as f:
-                f.write(data)
-            os.replace(temp, path)
+            write_atomically(path, data)
             return
         try:
             put_object(path, data, self.options)

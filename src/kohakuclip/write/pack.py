@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from types import TracebackType
-from typing import BinaryIO, Literal, cast, get_args
+from typing import Literal, cast, get_args
 
 import numpy as np
 
@@ -31,30 +31,17 @@ from kohakuclip.mp4.moov import Mp4Track, parse_mp4_bytes
 from kohakuclip.storage.index import VideoIndex
 from kohakuclip.storage.tar import TarWriter
 from kohakuclip.storage.zip import ZipWriter
+from kohakuclip.write._atomic import PendingFile, naming
 from kohakuclip.write.layout import is_hd
 
-__all__ = ["TEMP_SUFFIX", "Container", "PackError", "ShardWriter", "naming", "pack"]
+__all__ = ["Container", "PackError", "ShardWriter", "pack"]
 
 
 Container = Literal["zip", "tar"]
-TEMP_SUFFIX = ".tmp"
-"""Suffix of a shard being written; renamed away when the shard is complete."""
 
 
 class PackError(KohakuClipError, ValueError):
     """A member that cannot go into a shard (bad name, duplicate, not a supported mp4)."""
-
-
-@contextlib.contextmanager
-def naming(path: str) -> Iterator[None]:
-    """Re-raise an OSError that names no file (a full disk while writing) as one naming
-    ``path``, the file being written."""
-    try:
-        yield
-    except OSError as e:
-        if e.filename is not None or e.errno is None:
-            raise
-        raise OSError(e.errno, e.strerror, path) from e
 
 
 def container_of(path: str | os.PathLike[str]) -> Container:
@@ -80,9 +67,9 @@ class ShardWriter:
         self.container = container or container_of(self.path)
         if self.container not in ("zip", "tar"):
             raise ValueError(f"container must be 'zip' or 'tar', got {self.container!r}")
-        self.temp_path = self.path + TEMP_SUFFIX
-        self._file: BinaryIO = open(self.temp_path, "wb")
-        self._writer = ZipWriter(self._file) if self.container == "zip" else TarWriter(self._file)
+        self._out = PendingFile(self.path)
+        file = self._out.file
+        self._writer = ZipWriter(file) if self.container == "zip" else TarWriter(file)
         self._videos: list[VideoEntry] = []
         self._records: list[np.ndarray] = []
         self._av1: list[tuple[str, Av1Deps]] = []
@@ -163,10 +150,7 @@ class ShardWriter:
             with naming(self.path):
                 self._writer.add(INDEX_MEMBER, index.to_bytes())
                 self._writer.close()
-                self._file.flush()
-                os.fsync(self._file.fileno())
-                self._file.close()
-            os.replace(self.temp_path, self.path)
+            self._out.commit()
         except BaseException:
             self.abort()
             raise
@@ -176,10 +160,7 @@ class ShardWriter:
         """Drop the partial shard."""
         with contextlib.suppress(Exception):  # the archive is discarded whatever state it is in
             self._writer.close()
-        with contextlib.suppress(OSError, ValueError):
-            self._file.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self.temp_path)
+        self._out.discard()
 
     def __enter__(self) -> ShardWriter:
         return self

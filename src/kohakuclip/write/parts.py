@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from kohakuclip.formats import ENCODING_FILE, MANIFEST_FILE, PART_PREFIX, SKIPPED_FILE
+from kohakuclip.write._atomic import TEMP_SUFFIX
 
-__all__ = ["ANY_SHARD_RE", "OutputNames", "Part", "holds_run", "part_argument"]
+__all__ = ["ANY_SHARD_RE", "OutputNames", "Part", "earlier_run", "holds_run", "part_argument"]
 
 
 T = TypeVar("T")
@@ -27,6 +28,8 @@ T = TypeVar("T")
 _PART_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 ANY_SHARD_RE = re.compile(r"^(part-\d+-of-\d+\.)?shard_\d{5,}\.(zip|tar)$")
 """Any writer run's (or part's) shard name."""
+_WHOLE_RUN_FILES = (MANIFEST_FILE, SKIPPED_FILE, ENCODING_FILE)
+"""What any writer's whole run leaves beside its shards."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,12 @@ class OutputNames:
         return self.prefix + SKIPPED_FILE
 
     @property
+    def record(self) -> str:
+        """The image writer's record of the run (part); the video writer keeps one
+        ``encoding.json`` for the whole job."""
+        return self.prefix + ENCODING_FILE
+
+    @property
     def pending(self) -> str:
         """Folder of per-shard manifest rows of an unfinished run."""
         return f".{self.prefix}manifest-parts"
@@ -103,15 +112,32 @@ class OutputNames:
         """Whether ``name`` is one of this run's files (shard, manifest, skip log)."""
         return bool(self.shard_pattern().match(name)) or name in (self.manifest, self.skipped)
 
+    def temporary(self, name: str) -> bool:
+        """Whether ``name`` is one of this run's files still being written (or left so by a
+        killed run); for a whole run, any writer's."""
+        return name.startswith(self.prefix) and name.endswith(TEMP_SUFFIX)
+
+
+def earlier_run(names: Iterable[str], part: Part | None) -> str | None:
+    """The first (sorted) of a folder's (or URL prefix's) file ``names`` that shows a run a new
+    one would clash with, or None. For a whole run: any writer's shard, manifest, skip log or
+    ``encoding.json``; for a part, only its own files (the other parts of its job write beside
+    it): shards, manifest, skip log, record, files left half-written and unfinished manifest
+    rows. Both writers decide by it, for a local folder and for a URL prefix alike."""
+    run = OutputNames(part)
+    for name in sorted(names):
+        if part is None:
+            found = bool(ANY_SHARD_RE.match(name)) or name in _WHOLE_RUN_FILES
+        else:
+            found = run.owns(name) or run.temporary(name) or name in (run.record, run.pending)
+        if found:
+            return name
+    return None
+
 
 def holds_run(names: Iterable[str], part: Part | None) -> bool:
-    """Whether a folder's (or URL prefix's) file ``names`` hold a run a new one would clash
-    with: for a whole run any writer's shard, manifest or settings; for a part, its own
-    files (the other parts of its job write beside it)."""
-    if part is None:
-        return any(ANY_SHARD_RE.match(n) or n in (MANIFEST_FILE, ENCODING_FILE) for n in names)
-    own = OutputNames(part)
-    return any(own.owns(n) for n in names)
+    """Whether ``names`` show an earlier run (``earlier_run``)."""
+    return earlier_run(names, part) is not None
 
 
 def part_argument(parser: argparse.ArgumentParser, verb: str, items: str) -> None:

@@ -16,7 +16,6 @@ every part as a Ray task (``write.ray_launcher``) and merges them (``write.merge
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import posixpath
@@ -35,9 +34,10 @@ from tqdm import tqdm
 
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import ENCODING_FILE, MANIFEST_FILE, VIDEO_MANIFEST_SCHEMA, VideoEntry
+from kohakuclip.write._atomic import TEMP_SUFFIX, naming, replacing, write_atomically
 from kohakuclip.write.gulp_videos import encode_gulp_video
-from kohakuclip.write.pack import TEMP_SUFFIX, Container, PackError, ShardWriter, naming
-from kohakuclip.write.parts import ANY_SHARD_RE, OutputNames, Part
+from kohakuclip.write.pack import Container, PackError, ShardWriter
+from kohakuclip.write.parts import ANY_SHARD_RE, OutputNames, Part, earlier_run
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.sources import Source, expand_sources
 from kohakuclip.write.video import EncodedVideo, EncodeError, encode_video
@@ -101,31 +101,11 @@ class _Done:
     next_shard: int = 0
 
 
-@contextlib.contextmanager
-def _replacing(path: str, temp: str) -> Iterator[None]:
-    """Write ``temp`` in the block, then rename it to ``path``; a failed write removes it."""
-    try:
-        with naming(path):
-            yield
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temp)
-        raise
-
-
-def _atomic_write(path: str, data: bytes, temp: str | None = None) -> None:
-    temp = temp or path + TEMP_SUFFIX
-    with _replacing(path, temp), open(temp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _write_table(path: str, rows: list[dict[str, Any]]) -> None:
-    temp = path + TEMP_SUFFIX
-    with _replacing(path, temp):
-        pq.write_table(pa.Table.from_pylist(rows, schema=VIDEO_MANIFEST_SCHEMA), temp)
+    """Manifest ``rows`` as the whole of the parquet file ``path`` (written atomically)."""
+    table = pa.Table.from_pylist(rows, schema=VIDEO_MANIFEST_SCHEMA)
+    with replacing(path) as f, naming(path):
+        pq.write_table(table, f)
 
 
 def _read_rows(path: str) -> list[dict[str, Any]]:
@@ -166,12 +146,12 @@ def _prepare(out: str, config: dict, resume: bool, names: OutputNames) -> _Done:
     os.makedirs(out, exist_ok=True)
     settings_path = os.path.join(out, ENCODING_FILE)
     listing = os.listdir(out)
-    mine = [n for n in listing if names.owns(n)] + [n for n in listing if n == names.pending]
     if not os.path.exists(settings_path):
         if any(ANY_SHARD_RE.match(n) or n == MANIFEST_FILE for n in listing):
             raise WriteError(f"{out}: holds shards without {ENCODING_FILE}; choose another folder")
+        # the parts of a job race to write it: each under a temporary name of its own
         temp = os.path.join(out, f"{names.prefix}{ENCODING_FILE}{TEMP_SUFFIX}")
-        _atomic_write(settings_path, json.dumps(config, indent=2).encode(), temp)
+        write_atomically(settings_path, json.dumps(config, indent=2).encode(), temp)
         return _Done()
     with open(settings_path, "rb") as f:
         try:
@@ -182,7 +162,7 @@ def _prepare(out: str, config: dict, resume: bool, names: OutputNames) -> _Done:
         raise WriteError(f"{settings_path}: not a valid {ENCODING_FILE} (not a JSON object)")
     changed = [k for k in _RESUME_KEYS if earlier.get(k) != config[k]]
     what = "an earlier run" if names.part is None else f"an earlier run of part {names.part}"
-    if (names.part is None or mine) and not resume:
+    if not resume and earlier_run(listing, names.part) is not None:
         raise WriteError(
             f"{out}: holds {what}; pass resume=True (--resume) to continue it, "
             "or choose another folder"
@@ -210,7 +190,7 @@ def _load_done(out: str, names: OutputNames) -> _Done:
                 by_shard[name[: -len(".parquet")]] = _read_rows(os.path.join(parts, name))
     for name in sorted(os.listdir(out)):
         path = os.path.join(out, name)
-        if name.endswith(TEMP_SUFFIX) and name.startswith(names.prefix):
+        if names.temporary(name):
             os.remove(path)
         elif shard_re.match(name) and name not in by_shard:
             os.remove(path)  # complete, but its manifest rows were never saved: redo it
