@@ -11,8 +11,9 @@ from PIL import Image
 
 from kohakuclip import write_images
 from kohakuclip.read.image_reader import ImageReader
-from kohakuclip.torch import ClipLoader, ImageDataset, sample_key
+from kohakuclip.torch import ClipLoader, ImageDataset, sample_key, yuv_to_rgb
 from tests.image_media import photo
+from tests.media import psnr
 
 SIZE, BATCH, IMAGES = 32, 4, 10
 
@@ -150,3 +151,21 @@ def test_replace_fills_a_batch_around_a_broken_image(tmp_path) -> None:
             assert np.array_equal(images[k].numpy(), alone)
     with pytest.raises(Exception, match=r"3\.png"):
         ImageDataset(str(folder), batch_size=6, size=16, threads=1).read_batch(0)
+
+
+def test_yuv_batches_with_their_meta_finish_as_the_rgb_batches(shards: list[str]) -> None:
+    """The meta of a yuv-mode batch carries each image's crop, flips, matrix and range (JPEG:
+    full range): ``yuv_to_rgb((images, meta))`` gives the rgb batch but for its chroma, kept
+    at half resolution; converting as limited range does not."""
+    rgb = dataset(shards, with_meta=True, seed=6)
+    yuv = dataset(shards, with_meta=True, seed=6, mode="yuv")
+    for batch in range(3):
+        expected, rgb_meta = rgb.read_batch(batch)
+        images, meta = yuv.read_batch(batch)
+        assert torch.equal(meta["crops"], rgb_meta["crops"])
+        assert meta["full_range"].all() and set(meta["colorspaces"]) == {"bt601"}
+        finished = yuv_to_rgb((images, meta))
+        limited = yuv_to_rgb((images, meta), full_range=False)
+        for k in range(BATCH):
+            right = psnr(finished[k].numpy(), expected[k].numpy())
+            assert right > 30 and psnr(limited[k].numpy(), expected[k].numpy()) < right - 3

@@ -24,8 +24,9 @@ from kohakuclip.torch import (
     rank_and_world,
     sample_key,
     sample_rng,
+    yuv_to_rgb,
 )
-from tests.media import VideoSpec, make_video
+from tests.media import VideoSpec, make_video, psnr
 
 SIZE, FRAMES, BATCH = 32, 4, 3
 LENGTHS = [24, 31, 40, 28, 36, 26]
@@ -515,6 +516,67 @@ def test_replace_fills_every_batch_and_names_what_it_replaced(mostly_good: Path)
         assert_same_batches(batches, [alone.read_batch(b) for b in range(6)])
 
 
+@pytest.fixture(scope="session")
+def two_matrices(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two natural-looking H.264 videos: one BT.601 (untagged), one tagged BT.709."""
+    root = tmp_path_factory.mktemp("matrices")
+    bt709 = {"colorspace": "bt709", "color_primaries": "bt709", "color_trc": "bt709"}
+    for name, options in (("bt601", {}), ("bt709", bt709)):
+        spec = VideoSpec(codec="h264", width=96, height=72, frames=24, blur=1.5, options=options)
+        make_video(spec, str(root / f"{name}.mp4"))
+    return root
+
+
+def rgb_and_yuv_batches(source: Path, mode: str, **kw: Any) -> list[tuple[Any, Any]]:
+    """Batches 0-3 of the same dataset in rgb mode and in ``mode``, side by side."""
+    options: dict[str, Any] = dict(with_meta=True, seed=2, vflip=0.5, crop="random", **kw)
+    rgb, yuv = dataset(source, **options), dataset(source, mode=mode, **options)
+    return [(rgb.read_batch(b), yuv.read_batch(b)) for b in range(4)]
+
+
+@pytest.mark.parametrize("mode", ["yuv", "yuv_resized"])
+def test_yuv_batches_with_their_meta_finish_as_the_rgb_batches(
+    two_matrices: Path, mode: str
+) -> None:
+    """``yuv_to_rgb((batch, meta))`` takes each clip's matrix, range, crop and flips from the
+    meta: ``yuv`` gives the rgb batch up to the conversion's last bit; ``yuv_resized`` (chroma
+    resized before upsampling) stays close. Converting the BT.709 clips as BT.601 does not."""
+    for (rgb, rgb_meta), (yuv, meta) in rgb_and_yuv_batches(two_matrices, mode):
+        assert meta["mode"] == mode and meta["size"] == SIZE
+        assert torch.equal(meta["crops"], rgb_meta["crops"])
+        assert torch.equal(meta["flips"], rgb_meta["flips"])
+        assert meta["colorspaces"] == [m.removesuffix(".mp4") for m in meta["member"]]
+        assert not meta["full_range"].any()
+        finished = yuv_to_rgb((yuv, meta))
+        wrong = yuv_to_rgb((yuv, meta), colorspaces="bt601")
+        assert finished.shape == rgb.shape
+        if mode == "yuv":
+            diff = (finished.int() - rgb.int()).abs()
+            assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01
+        for k, name in enumerate(meta["colorspaces"]):
+            right = psnr(finished[k].numpy(), rgb[k].numpy())
+            assert right > 30
+            if name == "bt709":
+                assert psnr(wrong[k].numpy(), rgb[k].numpy()) < right - 1
+
+
+def test_replaced_items_keep_their_pixel_meta(mostly_good: Path) -> None:
+    """A batch mended item by item (``on_error="replace"``) still carries every item's crop,
+    flips and matrix."""
+    with pytest.warns(UserWarning, match="replaced"):
+        pairs = rgb_and_yuv_batches(mostly_good, "yuv", on_error="replace")
+    for (rgb, rgb_meta), (yuv, meta) in pairs:
+        assert torch.equal(meta["video"], rgb_meta["video"])
+        assert meta["crops"].shape == (BATCH, 4) and len(meta["colorspaces"]) == BATCH
+        diff = (yuv_to_rgb((yuv, meta)).int() - rgb.int()).abs()
+        assert diff.max() <= 1
+
+
+def test_yuv_modes_need_the_meta(videos: Path) -> None:
+    with pytest.raises(ValueError, match="with_meta=True"):
+        dataset(videos, mode="yuv_resized")
+
+
 def test_raise_is_the_default_and_names_the_file(mostly_good: Path) -> None:
     loader = ClipLoader(dataset(mostly_good, seed=5), timeout=WORKER_TIMEOUT)
     with pytest.raises(kohakuclip.KohakuClipError, match=r"(broken|silent)\.mp4"):
@@ -553,7 +615,7 @@ def test_empty_folder_is_a_clear_error(tmp_path: Path) -> None:
 class _ReaderReportingClips(ClipDataset):
     """Adds to each batch's meta which process made it and with which reader object."""
 
-    def _meta(self, reader: Any, batch: int, items: list[Any], result: Any) -> dict[str, Any]:
+    def _meta(self, reader: Any, batch: int, items: list[Any]) -> dict[str, Any]:
         return {"pid": os.getpid(), "reader": id(reader)}
 
 
@@ -589,6 +651,7 @@ def test_metadata_names_each_clip(videos: Path) -> None:
     assert set(meta) == {
         *("batch", "video", "frames", "source", "member", "meta"),
         *("sample", "mix", "mix_name"),
+        *("mode", "size", "crops", "flips", "colorspaces", "full_range"),
     }
     assert meta["sample"].tolist() == list(range(BATCH))
     assert meta["mix"].tolist() == [0] * BATCH and meta["mix_name"] == ["0"] * BATCH

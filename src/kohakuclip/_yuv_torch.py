@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -84,13 +84,15 @@ def yuv_to_rgb(
     a yuv-mode batch.
 
     ``data``: a ``Batch`` / image batch (``video`` or ``image``, ``mode``, ``crops``, ``flips``,
-    ``colorspaces``, ``full_range`` are taken from it; keyword arguments override them), or a
-    uint8 tensor / array ``[N, T, L]`` or ``[N, L]`` of packed Y|U|V frames plus ``mode`` and the
-    metadata. ``size``: the output side; defaults to the packed side in ``yuv_resized`` and is
-    required in ``yuv``. ``device``: where to convert (the input is copied there, asynchronously
-    from pinned memory; default: where it is). ``colorspaces``: per item (or one for all)
-    ``"bt601"`` / ``"bt709"``; default ``"bt601"`` (a ``"-full"`` suffix is deprecated: pass
-    ``full_range``). ``full_range``: per item, or one for all (default limited range).
+    ``colorspaces``, ``full_range`` are taken from it; keyword arguments override them), a
+    dataset's ``(batch, meta)`` pair (``with_meta=True``: those fields and ``size`` from its
+    meta), or a uint8 tensor / array ``[N, T, L]`` or ``[N, L]`` of packed Y|U|V frames plus
+    ``mode`` and the metadata. ``size``: the output side; defaults to the packed side in
+    ``yuv_resized`` and is required in ``yuv``. ``device``: where to convert (the input is
+    copied there, asynchronously from pinned memory; default: where it is). ``colorspaces``:
+    per item (or one for all) ``"bt601"`` / ``"bt709"``; default ``"bt601"`` (a ``"-full"``
+    suffix is deprecated: pass ``full_range``). ``full_range``: per item, or one for all
+    (default limited range).
     ``flips`` (``yuv`` only; ``yuv_resized`` planes come flipped): bool ``[N, 2]``, horizontal
     then vertical.
 
@@ -100,6 +102,7 @@ def yuv_to_rgb(
     plain torch otherwise (its float32 matmuls follow torch's TF32 setting on CUDA).
     """
     fields = _batch_fields(data)
+    size = size if size is not None else fields.get("size")
     mode = mode if mode is not None else fields.get("mode")
     crops = crops if crops is not None else fields.get("crops")
     flips = flips if flips is not None else fields.get("flips")
@@ -114,7 +117,12 @@ def yuv_to_rgb(
 
 
 def _batch_fields(data: Any) -> dict[str, Any]:
-    """Pixels and metadata of a Reader / ImageReader batch; empty for a bare tensor or array."""
+    """Pixels and metadata of a Reader / ImageReader batch or of a dataset's (batch, meta)
+    pair; empty for a bare tensor or array."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[1], Mapping):
+        pixels, meta = data
+        names = ("mode", "size", "crops", "flips", "colorspaces", "full_range")
+        return {"pixels": pixels, **{name: meta.get(name) for name in names}}
     if isinstance(data, (torch.Tensor, np.ndarray)) or not hasattr(data, "mode"):
         return {}
     pixels = getattr(data, "video", None)

@@ -118,6 +118,19 @@ REPLACE_ATTEMPTS = 8
 _REPLACE_TAG = 0x5245504C  # keys the replacement draws apart from every other draw
 
 
+def _pixel_meta(mode: str, size: int, parts: Sequence[Any]) -> dict[str, Any]:
+    """What the reader did to each item's pixels, from its batches ``parts`` (in item order):
+    with the batch, what ``yuv_to_rgb`` needs to finish a yuv mode."""
+    return {
+        "mode": mode,
+        "size": size,
+        "crops": torch.from_numpy(np.concatenate([p.crops for p in parts])),
+        "flips": torch.from_numpy(np.concatenate([p.flips for p in parts])),
+        "colorspaces": [name for p in parts for name in p.colorspaces],
+        "full_range": torch.from_numpy(np.concatenate([p.full_range for p in parts])),
+    }
+
+
 def _about_data(error: BaseException) -> bool:
     """Whether ``error`` (and what caused it) is about an item's bytes, which another item can
     stand in for, rather than storage failing or the reader closed (which would fail the
@@ -154,7 +167,8 @@ class BatchDataset(IterableDataset):
         seed: the seed of the sample stream.
         threads: decoding threads (None: the usable CPUs shared over this node's ranks and
             DataLoader workers).
-        with_meta: yield ``(batch, meta)`` instead of the batch alone.
+        with_meta: yield ``(batch, meta)`` instead of the batch alone (required in the yuv
+            modes: the meta says how ``yuv_to_rgb`` converts each item).
         rank: this process's rank (None: from torch.distributed, else RANK).
         world_size: the number of ranks (None: from torch.distributed, else WORLD_SIZE).
         on_error: what an item that cannot be read does: ``"raise"`` its error (naming the
@@ -193,6 +207,12 @@ class BatchDataset(IterableDataset):
             raise ValueError("give both rank and world_size, or neither")
         if rank is not None and world_size is not None and not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} does not fit world_size {world_size}")
+        mode = reader_options.get("mode", "rgb")
+        if mode != "rgb" and not with_meta:
+            raise ValueError(
+                f"mode={mode!r} needs with_meta=True: yuv_to_rgb takes each item's colorspace "
+                "and range (in 'yuv' mode also its crop and flips) from the batch's meta"
+            )
         derive_seed(seed)  # validates the seed early
         self.sources = sources
         self.weights = weights
@@ -228,7 +248,7 @@ class BatchDataset(IterableDataset):
     def _batch_shape(self, reader: Any) -> tuple[int, ...]:
         raise NotImplementedError
 
-    def _meta(self, reader: Any, batch: int, items: list[Any], result: Any) -> dict[str, Any]:
+    def _meta(self, reader: Any, batch: int, items: list[Any]) -> dict[str, Any]:
         raise NotImplementedError
 
     # --- ranks, sources and the sample stream -------------------------------------------------
@@ -384,12 +404,13 @@ class BatchDataset(IterableDataset):
         planned: tuple[list[Any], list[int]],
         out: torch.Tensor,
         keys: list[int],
-    ) -> list[Any]:
+    ) -> tuple[list[Any], list[Any]]:
         """A batch whose read failed, item by item into its slots, each item that cannot be
-        read replaced by its next candidate (``on_error="replace"``); returns the items read.
-        ``planned``: the items and their attempts, from ``_items``."""
+        read replaced by its next candidate (``on_error="replace"``); returns the items read
+        and the reader's one-item batch of each. ``planned``: the items and their attempts,
+        from ``_items``."""
         slots = out.numpy()
-        done = []
+        done, parts = [], []
         for k, (draw, item, attempt) in enumerate(zip(draws, *planned, strict=True)):
             while True:
                 try:
@@ -401,7 +422,8 @@ class BatchDataset(IterableDataset):
                 except KohakuClipError as e:
                     attempt, item = self._item(reader, draw, self._next_attempt(draw, attempt, e))
             done.append(item)
-        return done
+            parts.append(got)
+        return done, parts
 
     def _stream_meta(self, draws: list[Draw]) -> dict[str, Any]:
         return {
@@ -482,20 +504,20 @@ class BatchDataset(IterableDataset):
                     batch += step
                 index, draws, items, attempts, out, job = pending.popleft()
                 try:
-                    result = job.result()
+                    parts = [job.result()]
+                    if parts[0].video.ctypes.data != out.data_ptr():
+                        out.copy_(torch.from_numpy(np.ascontiguousarray(parts[0].video)))
                 except KohakuClipError:
                     if self.on_error == "raise":
                         raise
                     planned = (items, attempts)
-                    items = self._repair(reader, draws, planned, out, self._keys(draws))
-                    result = None
-                if result is not None and result.video.ctypes.data != out.data_ptr():
-                    out.copy_(torch.from_numpy(np.ascontiguousarray(result.video)))
+                    items, parts = self._repair(reader, draws, planned, out, self._keys(draws))
                 if not self.with_meta:
                     yield out
                     continue
-                meta = self._meta(reader, index, items, result)
-                yield out, {**meta, **self._stream_meta(draws)}
+                meta = self._meta(reader, index, items)
+                pixels = _pixel_meta(reader.mode, reader.size, parts)
+                yield out, {**meta, **pixels, **self._stream_meta(draws)}
         finally:
             # let abandoned batches finish: a fork must never see a decode thread mid-work
             for *_, job in pending:
@@ -514,7 +536,11 @@ class ClipDataset(BatchDataset):
     over all sources, int64 [B]), ``frames`` (int64 [B, T]), ``source`` and ``member`` (the file
     and member, lists of str), ``meta`` (the per-video metadata recorded at write time, collated
     per key), ``sample`` (global sample indices, int64 [B]), ``mix`` (the mixed source of each
-    clip, int64 [B]) and ``mix_name`` (its name: the mapping key, or its position as str).
+    clip, int64 [B]) and ``mix_name`` (its name: the mapping key, or its position as str), and
+    what the reader did to the pixels: ``mode``, ``size``, ``crops`` (int32 [B, 4]: x, y, w, h
+    in stored pixels), ``flips`` (bool [B, 2]), ``colorspaces`` (list of str) and
+    ``full_range`` (bool [B]); ``kohakuclip.torch.yuv_to_rgb((video, meta))`` finishes a yuv
+    mode from them (the yuv modes need ``with_meta=True``).
     The arguments it shares with ``BatchDataset`` (sources, batch_size, weights, epochs, seed,
     threads, with_meta, rank, world_size, on_error) are documented there.
 
@@ -603,7 +629,7 @@ class ClipDataset(BatchDataset):
     def _batch_shape(self, reader: Any) -> tuple[int, ...]:
         return tuple(reader.batch_shape(self.batch_size, self.frames))
 
-    def _meta(self, reader: Any, batch: int, items: list[Any], result: Any) -> dict[str, Any]:
+    def _meta(self, reader: Any, batch: int, items: list[Any]) -> dict[str, Any]:
         infos = [reader.info(vid) for vid, _ in items]
         return {
             "batch": batch,
@@ -843,7 +869,8 @@ class ImageDataset(BatchDataset):
     ``(images, meta)``: ``batch``, ``image`` (ids, int64 [B]), ``source`` (list of str), and from
     the writer's manifest.parquet beside a shard (or a gulp directory's ids and meta_data)
     ``key``, ``caption`` (lists, None where unknown) and ``meta`` (the parsed json sidecars or
-    gulp meta_data, collated per key), and ``sample``, ``mix``, ``mix_name`` as for clips.
+    gulp meta_data, collated per key), and ``sample``, ``mix``, ``mix_name``, ``mode``,
+    ``size``, ``crops``, ``flips``, ``colorspaces``, ``full_range`` as for clips.
     ``weights`` mix several sources as in ClipDataset. Its arguments are ``BatchDataset``'s.
     """
 
@@ -863,7 +890,7 @@ class ImageDataset(BatchDataset):
     def _batch_shape(self, reader: Any) -> tuple[int, ...]:
         return tuple(reader.batch_shape(self.batch_size))
 
-    def _meta(self, reader: Any, batch: int, items: list[Any], result: Any) -> dict[str, Any]:
+    def _meta(self, reader: Any, batch: int, items: list[Any]) -> dict[str, Any]:
         origins = [reader.origin(i) for i in items]
         rows = [reader.metadata(i) for i in items]
         return {
