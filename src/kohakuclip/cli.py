@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 
 from kohakuclip._argtypes import bounded_int, positive_float
+from kohakuclip._cpus import usable_cpus
 from kohakuclip.errors import os_error_text
 from kohakuclip.write.samples import make_sample_video
 from kohakuclip.write.shards import WriteResult, write_videos
@@ -100,7 +101,7 @@ def _read_demo(args: argparse.Namespace, shards: list[str]) -> None:
     """Read batches of random clips from the shards and report the rate."""
     from kohakuclip.read.reader import Reader
 
-    threads = args.threads or os.cpu_count() or 1
+    threads = args.threads or usable_cpus()
     with Reader(shards, size=args.size, threads=threads, hflip=0.5, seed=0) as reader:
         reader.read(reader.sample(args.batch, 8, fps=6.0, seed=0))  # warm-up
         started = time.perf_counter()
@@ -214,7 +215,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--size", type=bounded_int(2), default=256, help="output size (default: 256)")
     d.set_defaults(run=demo, prog=d.prog)
 
-    threads = os.cpu_count() or 1
+    threads = usable_cpus()
     i = commands.add_parser("inspect", help="list the videos of shards, folders, gulp directories")
     i.add_argument("paths", nargs="+", help="shards (zip / tar), folders, gulp directories")
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")

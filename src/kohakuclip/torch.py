@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from kohakuclip._cpus import usable_cpus
 from kohakuclip._yuv_torch import yuv_to_rgb
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.read.pool import PoolClosedError
@@ -73,13 +74,6 @@ def rank_and_world() -> tuple[int, int]:
     if not 0 <= rank < world:
         raise ValueError(f"RANK={rank} does not fit WORLD_SIZE={world}")
     return rank, world
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def _wait_quietly(job: Any) -> None:
@@ -453,7 +447,7 @@ class BatchDataset(IterableDataset):
         info = get_worker_info()
         workers = info.num_workers if info is not None else 1
         ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        return max(1, _usable_cpus() // (workers * max(1, ranks)))
+        return max(1, usable_cpus() // (workers * max(1, ranks)))
 
     def _reader_here(self) -> Any:
         """This process's reader; one inherited through fork is kept alive but never used."""

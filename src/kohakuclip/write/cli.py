@@ -62,7 +62,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--container", choices=("zip", "tar"), default="zip", help="default: zip")
     p.add_argument(
-        "--workers", type=positive_int, default=None, help="videos encoded at once (default: CPUs)"
+        "--workers",
+        type=positive_int,
+        default=None,
+        help="videos encoded at once (default: the usable CPUs)",
     )
     p.add_argument(
         "--backend",

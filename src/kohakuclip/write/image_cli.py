@@ -34,7 +34,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--per-shard", type=positive_int, default=10000, help="images per shard")
     p.add_argument(
-        "--workers", type=positive_int, default=None, help="encoding threads (default: CPUs)"
+        "--workers",
+        type=positive_int,
+        default=None,
+        help="encoding threads (default: the usable CPUs)",
     )
     p.add_argument(
         "--codec",

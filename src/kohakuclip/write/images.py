@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from kohakuclip._cpus import usable_cpus
 from kohakuclip.formats import ENCODING_FILE, IMAGE_CODECS, IMAGE_MANIFEST_SCHEMA, INDEX_MEMBER
 from kohakuclip.storage.image_index import encode_image_index, image_records
 from kohakuclip.storage.zip import ZipWriter
@@ -310,7 +311,7 @@ def write_images(
         max_short: cap on the short side (0: none), never upscaled.
         min_short: images whose short side is smaller are skipped.
         per_shard: images per shard.
-        workers: encoding threads (default: the CPUs).
+        workers: encoding threads (default: the usable CPUs).
         codec: the stored format: ``jpeg``, ``avif`` (raw AV1 OBUs of an intra frame; ``av1``
             names it too), ``jxl`` (``kohakuclip[jxl]``) or ``webp``.
         jpeg_encoder: ``tuned`` (smallest at equal quality), ``turbo`` (fastest) or ``jpegli``
@@ -332,7 +333,7 @@ def write_images(
     if backend not in ("native", "pillow"):
         raise ValueError(f"unknown backend {backend!r}; one of native, pillow")
     settings = _Settings(codec, quality, max_short, min_short, jpeg_encoder, backend, per_shard)
-    workers = workers or os.cpu_count() or 1
+    workers = workers or usable_cpus()
     names = OutputNames(Part.parse(part) if part is not None else None)
     out = os.fspath(out_dir)
     if os.path.exists(out) and not os.path.isdir(out):

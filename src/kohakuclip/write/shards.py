@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from kohakuclip._cpus import usable_cpus
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import ENCODING_FILE, MANIFEST_FILE, VIDEO_MANIFEST_SCHEMA, VideoEntry
 from kohakuclip.write._atomic import TEMP_SUFFIX, naming, replacing, write_atomically
@@ -417,7 +418,8 @@ def write_videos(
             decoding is faster at the same size).
         per_shard: videos per shard.
         container: ``zip`` (stored) or ``tar``.
-        workers: videos encoded at once (default: the CPUs; with ``ray``: per task, default 1).
+        workers: videos encoded at once (default: the usable CPUs; with ``ray``: per task,
+            default 1).
         backend: ``native`` (PyAV in process) or ``ffmpeg`` (the command line).
         resume: continue an earlier run (or part) in ``out``, keeping its finished shards.
         progress: show a progress bar of videos.
@@ -491,7 +493,7 @@ class _Job:
         done = _prepare(out, self.config(part.count if part else None), resume, names)
         finished = {row["source"] for row in done.rows} | done.skipped
         todo = [s for s in found if s.origin not in finished]
-        workers = max(1, self.workers or os.cpu_count() or 1)
+        workers = self.workers or usable_cpus()
         run = _Run(out, self.container, self.per_shard, done, names)
         for origin, reason in unreadable:
             if origin not in finished:
