@@ -6,7 +6,9 @@ can be fetched again, so eviction only ever deletes cache files. Files are writt
 temporary name and renamed into place, so processes of a node (DataLoader workers, ranks) share
 the directory without locks: readers see a whole block or none. A hit touches the file's
 modification time; when the directory grows past ``size_limit`` bytes, the least recently used
-blocks are deleted until it is back under 90% of it.
+blocks are deleted until it is back under 90% of it. A temporary file left by a process killed
+mid-write is deleted by the first trim after ``STALE_TEMP`` seconds (a write takes milliseconds;
+younger ones may still be another process's).
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ import hashlib
 import os
 import tempfile
 import threading
+import time
+from collections.abc import Iterator
 
-__all__ = ["BlockCache"]
+__all__ = ["STALE_TEMP", "BlockCache"]
 
 
 SUFFIX = ".kcblock"
+_TEMP_SUFFIX = ".tmp"
+STALE_TEMP = 600.0
+"""Seconds after which a cache's temporary file is a killed writer's leftover."""
 
 
 class BlockCache:
@@ -59,7 +66,7 @@ class BlockCache:
         path = self._path(url, etag, number)
         folder = os.path.dirname(path)
         os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=_TEMP_SUFFIX)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -77,16 +84,16 @@ class BlockCache:
             self.trim()
 
     def trim(self) -> None:
-        """Delete the least recently used blocks while the cache exceeds its limit."""
+        """Delete the least recently used blocks while the cache exceeds its limit, and stale
+        temporary files."""
         blocks = []
-        for folder in os.scandir(self.directory):
-            if not folder.is_dir():
-                continue
-            for entry in os.scandir(folder.path):
-                if entry.name.endswith(SUFFIX):
-                    with contextlib.suppress(OSError):
-                        info = entry.stat()
-                        blocks.append((info.st_mtime, info.st_size, entry.path))
+        stale = time.time() - STALE_TEMP
+        for entry, info in self._entries():
+            if entry.name.endswith(SUFFIX):
+                blocks.append((info.st_mtime, info.st_size, entry.path))
+            elif entry.name.endswith(_TEMP_SUFFIX) and info.st_mtime < stale:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
         total = sum(size for _, size, _ in blocks)
         if total <= self.size_limit:
             return
@@ -99,10 +106,16 @@ class BlockCache:
 
     def size(self) -> int:
         """Bytes of blocks in the cache now."""
-        return sum(
-            entry.stat().st_size
-            for folder in os.scandir(self.directory)
-            if folder.is_dir()
-            for entry in os.scandir(folder.path)
-            if entry.name.endswith(SUFFIX)
-        )
+        return sum(info.st_size for entry, info in self._entries() if entry.name.endswith(SUFFIX))
+
+    def _entries(self) -> Iterator[tuple[os.DirEntry[str], os.stat_result]]:
+        """Every file in the block folders with its stat; files other processes delete
+        meanwhile are left out."""
+        for folder in os.scandir(self.directory):
+            if not folder.is_dir():
+                continue
+            for entry in os.scandir(folder.path):
+                try:
+                    yield entry, entry.stat()
+                except OSError:
+                    continue
