@@ -367,6 +367,53 @@ def test_cli_options_reach_the_adapter(tmp_path):
     assert sorted(order(1)) == sorted(expected) and order(1) != order(2)
 
 
+def _json_list(path, ids: list[str]) -> str:
+    """A 20BN JSON list of ``ids`` (of ``video_set``'s videos, all of one label) at ``path``."""
+    path.write_text(json.dumps([{"id": id_, "label": "moving"} for id_ in ids]))
+    return str(path)
+
+
+def _json_videos(video_set, listed: str, out, *options: str) -> int:
+    """gulp_20bn_json_videos on ``listed``, 2 fps, quiet, one process."""
+    root, _ = video_set
+    fast = ["--frame_rate", "2", "--num_workers", "1", "--quiet"]
+    return json_videos_main([listed, str(root), str(out), *fast, *options])
+
+
+def test_cli_takes_gulpio_remove_duplicates(video_set, tmp_path):
+    """GulpIO spells --remove_duplicate_ids --remove_duplicates."""
+    listed = _json_list(tmp_path / "dup.json", ["103", "103"])
+    assert _json_videos(video_set, listed, tmp_path / "o1") == 1  # a duplicate id
+    assert _json_videos(video_set, listed, tmp_path / "o2", "--remove_duplicates") == 0
+    assert list(GulpDirectory(tmp_path / "o2").merged_meta_dict) == ["103"]
+
+
+def test_cli_extend_adds_to_an_existing_directory(video_set, tmp_path, capsys):
+    """GulpIO's --extend: what always happens here (new chunks after the old, ids kept)."""
+    out = tmp_path / "out"
+    assert _json_videos(video_set, _json_list(tmp_path / "a.json", ["103"]), out) == 0
+    before = (out / "data_0.gulp").read_bytes()
+    capsys.readouterr()
+    listed = _json_list(tmp_path / "b.json", ["103", "101"])
+    assert _json_videos(video_set, listed, out, "--extend") == 0
+    printed = capsys.readouterr().out
+    assert "1 items in 1 new chunks" in printed and "1 ids already present" in printed
+    assert (out / "data_0.gulp").read_bytes() == before
+    gulp = GulpDirectory(out)
+    assert gulp.chunk_lookup == {"103": 0, "101": 1}
+
+
+def test_cli_takes_and_ignores_gulpio_shm_dir(video_set, tmp_path):
+    """GulpIO's --shm_dir (where it burst frames to disk): taken, and nothing goes there."""
+    listed = _json_list(tmp_path / "one.json", ["103"])
+    shm = tmp_path / "shm"
+    assert _json_videos(video_set, listed, tmp_path / "o1", "--shm_dir", str(shm)) == 0
+    assert _json_videos(video_set, listed, tmp_path / "o2") == 0
+    assert not shm.exists()
+    for name in ("data_0.gulp", "meta_0.gmeta"):
+        assert (tmp_path / "o1" / name).read_bytes() == (tmp_path / "o2" / name).read_bytes()
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [

@@ -38,7 +38,7 @@ ALLOWED: dict[str, set[str]] = {
     "mp4": {"errors", "formats", "codecs"},
     "tracks": {"codecs"},
     "storage": _STORAGE | {"gulp.index", "gulp.meta", "gulp.frames"},  # gulp's read side
-    "gulp": _BASE | {"storage.folder"},
+    "gulp": _BASE | {"storage.folder", "storage.remote", "storage.prefix"},  # URL datasets
     "decode": _BASE | {"codecs", "mp4", "tracks"} | _IO,
     "gpu": set(),
     "read": _READ,

@@ -2,6 +2,8 @@
 register an adapter class as a script, and check a gulp directory.
 
 Options take GulpIO's spelling (``--videos_per_chunk``) or the dashed one (``--videos-per-chunk``).
+GulpIO's ``--extend``, ``--shm_dir`` and ``--remove_duplicates`` are taken too, so that its
+command lines run unchanged.
 """
 
 from __future__ import annotations
@@ -44,9 +46,13 @@ __all__ = [
 _P = ParamSpec("_P")
 
 
-def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
-    """``--a_b`` and ``--a-b`` for the same option."""
-    flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+def _option(parser: argparse.ArgumentParser, name: str, *aliases: str, **kwargs: Any) -> None:
+    """``--a_b`` and ``--a-b`` for the same option, and for each of its other names."""
+    flags = [
+        flag
+        for n in (name, *aliases)
+        for flag in [f"--{n}"] + ([f"--{n.replace('_', '-')}"] if "_" in n else [])
+    ]
     parser.add_argument(*flags, dest=name, **kwargs)
 
 
@@ -90,11 +96,37 @@ def _ingest_parser(
     if size is not None:
         _option(parser, size, type=int, default=-1, help="short side (default -1: keep)")
     _option(parser, "label2idx", default=None, help="JSON label map to use (dict or list)")
+    _gulpio_options(parser)
     return parser
 
 
+def _gulpio_options(parser: argparse.ArgumentParser) -> None:
+    """GulpIO's ``--extend`` and ``--shm_dir``, taken so that its command lines run unchanged;
+    neither changes what is written (GulpIO's own scripts never read ``--extend`` either)."""
+    _option(
+        parser,
+        "extend",
+        action="store_true",
+        help="GulpIO's; always so here: into a directory that has chunks, new chunks are added "
+        "after them and ids already there are skipped",
+    )
+    _option(
+        parser,
+        "shm_dir",
+        metavar="DIR",
+        help="GulpIO's folder for extracted frames; ignored: frames are extracted in memory",
+    )
+
+
 def _duplicates_option(parser: argparse.ArgumentParser) -> None:
-    _option(parser, "remove_duplicate_ids", action="store_true", help="keep first of repeats")
+    """``--remove_duplicate_ids``, also by GulpIO's name ``--remove_duplicates``."""
+    _option(
+        parser,
+        "remove_duplicate_ids",
+        "remove_duplicates",
+        action="store_true",
+        help="keep the first of repeated ids",
+    )
 
 
 def _adapter_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -4,12 +4,16 @@ They need no torch, and work as they are with ``torch.utils.data.DataLoader`` (a
 workers: nothing open is shared across the fork). Labels come from each video's meta_data
 through ``label2idx.json`` beside the chunks. Randomness (the clip's start, the transforms) is
 a pure function of (seed, epoch, index): the same items whatever the worker count.
+
+The directory may also be a URL prefix in object storage (``gulp.remote``): the same items,
+each frame one ranged read. Its listing is made where the dataset is, so its workers must start
+with "forkserver" or "spawn" (a forked one raises ``ObjectStoreError`` saying so).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,9 +22,30 @@ from kohakuclip.gulp.adapters import Label2Idx, load_label2idx
 from kohakuclip.gulp.frames import GulpError
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.ingest import LABEL2IDX_FILE
+from kohakuclip.gulp.remote import fetch_label2idx, open_gulp_url
 from kohakuclip.gulp.transforms import call_transform
+from kohakuclip.storage.remote import is_url, local_path
 
 __all__ = ["GulpImageDataset", "GulpVideoDataset"]
+
+
+def _load_labels(
+    given: Label2Idx | Sequence[str] | str | None, root: str, options: Mapping[str, Any]
+) -> Label2Idx:
+    """``label2idx=`` as given (a map, or a JSON file's local path, ``file://`` or object-storage
+    URL), else ``label2idx.json`` beside the chunks (``root``: a directory, or a URL prefix
+    ending in ``/``); GulpError naming the file when it is missing."""
+    if given is None:
+        if is_url(root):
+            return fetch_label2idx(root + LABEL2IDX_FILE, options)
+        given = os.path.join(root, LABEL2IDX_FILE)
+        if not os.path.exists(given):
+            raise GulpError(f"{given}: missing (pass label2idx= to the dataset)")
+    if isinstance(given, str):
+        given = local_path(given)
+        if is_url(given):
+            return fetch_label2idx(given, options)
+    return load_label2idx(given)
 
 
 class _GulpDataset:
@@ -34,17 +59,19 @@ class _GulpDataset:
         seed: int,
         label_key: str,
         label2idx: Label2Idx | Sequence[str] | str | None,
+        storage_options: Mapping[str, Any] | None,
     ) -> None:
-        self.data_path = os.fspath(data_path)
-        self.index: GulpIndex = open_gulp_source(self.data_path)
+        self.data_path = local_path(os.fspath(data_path))
+        options = dict(storage_options or {})
+        if is_url(self.data_path):
+            self.index: GulpIndex = open_gulp_url(self.data_path, options)
+        else:
+            self.index = open_gulp_source(self.data_path)
         self.transform = transform
         self.target_transform = target_transform
         self.seed = seed
         self.epoch = 0
-        label_file = os.path.join(self.data_path, LABEL2IDX_FILE)
-        if label2idx is None and not os.path.exists(label_file):
-            raise GulpError(f"{label_file}: missing (pass label2idx= to the dataset)")
-        self.label2idx = load_label2idx(label_file if label2idx is None else label2idx)
+        self.label2idx = _load_labels(label2idx, self.index.root, options)
         self.targets = np.array(
             [self._target(v, label_key) for v in range(len(self.index))], np.int64
         )
@@ -85,6 +112,10 @@ class GulpVideoDataset(_GulpDataset):
     frame 0. Videos too short are padded with their last frame. ``num_frames <= 0`` takes every
     frame. Items are (frames, label index); frames is a T x H x W x 3 uint8 array when
     ``stack``, else a list (``transform`` sees the list).
+
+    ``data_path`` is a gulp directory or its URL prefix (``s3://``, ``gs://``, ``az://``,
+    ``http(s)://``, ``file://``; ``storage_options``: the store's options, as ``Reader``
+    takes them). Workers of a URL dataset must start with "forkserver" or "spawn".
     """
 
     def __init__(
@@ -101,8 +132,11 @@ class GulpVideoDataset(_GulpDataset):
         seed: int = 0,
         label_key: str = "label",
         label2idx: Label2Idx | Sequence[str] | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(data_path, transform, target_transform, seed, label_key, label2idx)
+        super().__init__(
+            data_path, transform, target_transform, seed, label_key, label2idx, storage_options
+        )
         if step_size < 1:
             raise ValueError(f"step_size must be >= 1, got {step_size}")
         self.num_frames = num_frames
@@ -131,7 +165,10 @@ class GulpVideoDataset(_GulpDataset):
 
 
 class GulpImageDataset(_GulpDataset):
-    """The first frame of each item as an H x W x 3 uint8 image, and its label index."""
+    """The first frame of each item as an H x W x 3 uint8 image, and its label index.
+
+    ``data_path`` and ``storage_options`` as for ``GulpVideoDataset`` (a URL prefix too).
+    """
 
     def __init__(
         self,
@@ -143,8 +180,11 @@ class GulpImageDataset(_GulpDataset):
         seed: int = 0,
         label_key: str = "label",
         label2idx: Label2Idx | Sequence[str] | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(data_path, transform, target_transform, seed, label_key, label2idx)
+        super().__init__(
+            data_path, transform, target_transform, seed, label_key, label2idx, storage_options
+        )
         self.is_val = is_val
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:

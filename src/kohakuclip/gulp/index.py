@@ -4,7 +4,7 @@ Built once from the ``.gmeta`` files: per video its chunk, first frame row and f
 frame the absolute offset in its chunk's data file and the JPEG length without padding. Any
 frame is then one ``os.pread`` of ``size[row]`` bytes at ``offset[row]`` of ``data_path(video)``.
 A gulp directory in object storage (``open_remote_gulp``) has URLs for paths, and its frames are
-read through the reader it was opened with.
+read through the reader it was opened with (per frame, or a video's frames at once).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ __all__ = ["GulpIndex", "open_gulp_source", "open_remote_gulp"]
 
 
 ReadAt = Callable[[str, int, int], bytes]  # (path, offset, length) -> bytes
+# (path, offsets, lengths) -> the records, read together (e.g. concurrent ranged GETs)
+ReadRecords = Callable[[str, np.ndarray, np.ndarray], list[bytes]]
 
 FPS_KEYS = ("fps", "frame_rate")
 """meta_data keys that record a video's frame rate (the ingestors write ``fps``)."""
@@ -52,6 +54,7 @@ class GulpIndex:
     meta_data: list[list[dict[str, Any]]]  # per video, as stored
     _positions: dict[str, int]
     read_at: ReadAt | None = None  # how frames are read (None: os.pread of local files)
+    read_records: ReadRecords | None = None  # how several are read at once (None: read_at each)
 
     @classmethod
     def from_metas(
@@ -60,6 +63,7 @@ class GulpIndex:
         chunks: Iterable[tuple[ChunkFiles, MetaDict]],
         data_sizes: Mapping[str, int] | None = None,
         read_at: ReadAt | None = None,
+        read_records: ReadRecords | None = None,
     ) -> GulpIndex:
         """Build from already parsed meta files; checks records, data sizes (of the files, or
         ``data_sizes``: data path -> bytes) and unique ids."""
@@ -103,6 +107,7 @@ class GulpIndex:
             meta_data=meta_data,
             _positions=positions,
             read_at=read_at,
+            read_records=read_records,
         )
 
     def __len__(self) -> int:
@@ -134,14 +139,15 @@ class GulpIndex:
         return self._records(path, offsets[wanted], sizes[wanted])
 
     def _records(self, path: str, offsets: np.ndarray, sizes: np.ndarray) -> list[bytes]:
-        if self.read_at is None:
+        if self.read_records is not None:
+            out = self.read_records(path, offsets, sizes)
+        elif self.read_at is not None:
+            out = [self.read_at(path, o, n) for o, n in zip(offsets.tolist(), sizes.tolist())]
+        else:
             return read_records(path, offsets, sizes)
-        out = []
-        for offset, size in zip(offsets.tolist(), sizes.tolist()):
-            data = self.read_at(path, offset, size)
+        for data, offset, size in zip(out, offsets.tolist(), sizes.tolist(), strict=True):
             if len(data) != size:
                 raise GulpError(f"{path}: truncated record ({len(data)} of {size} at {offset})")
-            out.append(data)
         return out
 
     def decode(self, video: int, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
@@ -212,11 +218,13 @@ def open_remote_gulp(
     prefix: str,
     objects: Mapping[str, int],
     fetch: Callable[[str], bytes],
-    read_at: ReadAt,
+    read_at: ReadAt | None,
+    read_records: ReadRecords | None = None,
 ) -> GulpIndex | None:
     """Index the gulp directory at ``prefix`` (a URL ending in ``/``) from a listing
     (``objects``: URL -> size, every object under it); None when no chunk is directly under it.
-    ``fetch(url)`` reads a whole ``.gmeta``; frames are read with ``read_at``."""
+    ``fetch(url)`` reads a whole ``.gmeta``; frames are read with ``read_records`` (the frames
+    wanted together) when given, else one by one with ``read_at``."""
     data: dict[int, str] = {}
     meta: dict[int, str] = {}
     for url in objects:
@@ -240,7 +248,7 @@ def open_remote_gulp(
         if not isinstance(parsed, dict):
             raise GulpError(f"{files.meta_path}: meta file is not a JSON object")
         chunks.append((files, parsed))
-    return GulpIndex.from_metas(prefix, chunks, objects, read_at)
+    return GulpIndex.from_metas(prefix, chunks, objects, read_at, read_records)
 
 
 def _check_data_size(

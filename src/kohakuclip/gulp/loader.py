@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from kohakuclip.gulp.frames import GulpError
+from kohakuclip.storage.remote import is_url
 
 __all__ = ["DataLoader", "collate"]
 
@@ -68,6 +69,13 @@ def _load(
     if set_epoch is not None:
         set_epoch(epoch)
     return collate_fn([dataset[i] for i in indices])
+
+
+def _default_context(dataset: Any) -> str | None:
+    """ "forkserver" for a dataset that reads object storage (a URL ``data_path``, as the gulp
+    datasets have): obstore's runtime does not survive a fork. None: the platform's default."""
+    path = getattr(dataset, "data_path", None)
+    return "forkserver" if isinstance(path, str) and is_url(path) else None
 
 
 class _RemoteTraceback(Exception):
@@ -203,7 +211,8 @@ class DataLoader:
         timeout: seconds to wait for a worker's batch, the workers' start-up included for
             the first (0: forever).
         multiprocessing_context: how workers start ("fork", "spawn", "forkserver" or a
-            context; None: the platform's default).
+            context; None: the platform's default, or "forkserver" for a dataset that reads
+            object storage).
         persistent_workers: start the workers once and keep them for every epoch (until
             ``close``) instead of once per epoch; they keep the dataset as it was when they
             started. A new iteration replaces an unfinished one.
@@ -309,7 +318,7 @@ class DataLoader:
         if self._workers is not None and self._workers.dead() is None:
             return self._workers
         self.close()
-        context: Any = self.multiprocessing_context
+        context: Any = self.multiprocessing_context or _default_context(self.dataset)
         if context is None or isinstance(context, str):
             context = multiprocessing.get_context(context)
         workers = _Workers(context, self.num_workers, self.dataset, self.collate_fn)
