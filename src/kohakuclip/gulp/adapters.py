@@ -45,6 +45,11 @@ class AbstractDatasetAdapter(ABC):
     label2idx: Label2Idx | None = None
     """Label name -> class index, written to ``label2idx.json`` by the ingestor when set."""
 
+    label2idx_derived: bool = False
+    """True when ``label2idx`` was made from the items' labels (sorted), not given: ingesting into
+    a folder that has a ``label2idx.json`` then keeps that map and numbers new labels after it
+    (GulpIO's ``--extend``), and the items' ``idx`` follow."""
+
     @abstractmethod
     def iter_data(self, slice_element: slice | None = None) -> Iterator[dict[str, Any]]:
         """Yield ``{"id": ..., "frames": [...], "meta": {...}}`` for the items in the slice."""
@@ -146,6 +151,7 @@ class JsonVideoAdapter(AbstractDatasetAdapter):
             self.label2idx = _label_map(
                 [str(i[self.label_name]) for i in items], label2idx, json_file
             )
+            self.label2idx_derived = label2idx is None
         self.items = _shuffled(_unique_ids(items, remove_duplicate_ids, json_file), shuffle, seed)
 
     def __len__(self) -> int:
@@ -235,6 +241,7 @@ class _ImageAdapter(AbstractDatasetAdapter):
         self.image_size = image_size
         self.strict = strict
         self.label2idx = _label_map([label for _, _, label in items], label2idx, where)
+        self.label2idx_derived = label2idx is None
         self.items = _shuffled(items, shuffle, seed)
 
     def __len__(self) -> int:

@@ -8,7 +8,7 @@ bytes to a multiple of 4; ``meta_<i>.gmeta`` maps each id to ``frame_info`` reco
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -23,11 +23,14 @@ from kohakuclip.gulp.frames import (
 )
 from kohakuclip.gulp.meta import MetaDict, dump_meta, frame_table, load_meta
 
-__all__ = ["ChunkBuilder", "GulpChunk", "split_key"]
+__all__ = ["ChunkBuilder", "GulpChunk", "JpegDecoder", "split_key"]
 
 
 FrameSelection = slice | Sequence[int] | None
 """Which frames of a video: all (None), a slice, or a list of indices."""
+
+JpegDecoder = Callable[[bytes], Any]
+"""gulpio2's ``jpeg_decoder``: a frame's JPEG bytes -> what reads return for it."""
 
 
 def split_key(key: Any) -> tuple[str, FrameSelection]:
@@ -57,11 +60,22 @@ def _append_records(
 
 class GulpChunk:
     """A pair of chunk files; the meta file is loaded and its records checked (or an empty
-    chunk started) on construction."""
+    chunk started) on construction.
 
-    def __init__(self, data_file_path: str, meta_file_path: str) -> None:
+    Reads give RGB arrays (``decode_frame``), or what ``jpeg_decoder`` makes of each frame's
+    JPEG bytes (gulpio2's option: ``bytes`` gives the stored JPEGs as they are).
+    """
+
+    def __init__(
+        self,
+        data_file_path: str,
+        meta_file_path: str,
+        *,
+        jpeg_decoder: JpegDecoder | None = None,
+    ) -> None:
         self.data_file_path = data_file_path
         self.meta_file_path = meta_file_path
+        self.jpeg_decoder: JpegDecoder = jpeg_decoder or decode_frame
         self.meta_dict: MetaDict = {}
         if os.path.exists(meta_file_path):
             self.meta_dict = load_meta(meta_file_path)
@@ -76,10 +90,10 @@ class GulpChunk:
     def __contains__(self, id_: object) -> bool:
         return str(id_) in self.meta_dict
 
-    def __getitem__(self, key: Any) -> tuple[list[np.ndarray], dict[str, Any]]:
+    def __getitem__(self, key: Any) -> tuple[list[Any], dict[str, Any]]:
         return self.read_frames(*split_key(key))
 
-    def __iter__(self) -> Iterator[tuple[list[np.ndarray], dict[str, Any]]]:
+    def __iter__(self) -> Iterator[tuple[list[Any], dict[str, Any]]]:
         return self.iter_all()
 
     def ids(self) -> list[str]:
@@ -88,8 +102,9 @@ class GulpChunk:
 
     def read_frames(
         self, id_: str | int, slice_: FrameSelection = None
-    ) -> tuple[list[np.ndarray], dict[str, Any]]:
-        """(RGB frames, a copy of the first meta_data dict) of one video."""
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """(frames, a copy of the first meta_data dict) of one video; frames are RGB arrays, or
+        what ``jpeg_decoder`` returns."""
         key = str(id_)
         entry = self.meta_dict.get(key)
         if entry is None:
@@ -114,7 +129,7 @@ class GulpChunk:
         frames = []
         for i, data in zip(chosen, records, strict=True):
             try:
-                frames.append(decode_frame(data))
+                frames.append(self.jpeg_decoder(data))
             except ValueError as exc:
                 raise GulpError(f"{self.data_file_path}: id {key!r} frame {i}: {exc}") from exc
         meta_data = entry.get("meta_data") or [{}]
@@ -122,7 +137,7 @@ class GulpChunk:
 
     def iter_all(
         self, accepted_ids: Iterable[str] | None = None, shuffle: bool = False, seed: int = 0
-    ) -> Iterator[tuple[list[np.ndarray], dict[str, Any]]]:
+    ) -> Iterator[tuple[list[Any], dict[str, Any]]]:
         """(frames, meta) of every video (or only ``accepted_ids``), optionally seeded-shuffled."""
         ids = self.ids()
         if accepted_ids is not None:

@@ -7,9 +7,7 @@ from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
 
-import numpy as np
-
-from kohakuclip.gulp.chunk import GulpChunk, split_key
+from kohakuclip.gulp.chunk import GulpChunk, JpegDecoder, split_key
 from kohakuclip.gulp.frames import GulpError
 from kohakuclip.gulp.index import GulpIndex
 from kohakuclip.gulp.meta import chunk_paths, find_chunks, next_chunk_number
@@ -22,13 +20,18 @@ class GulpDirectory:
 
     ``gd[id]``, ``gd[id, 1:10:2]`` or ``gd[id, [0, 5, 9]]`` give (RGB frames, meta dict).
     Ids are strings, as in the meta files; an id present in two chunks raises GulpError.
+    ``jpeg_decoder`` (gulpio2's option) makes the frames from their JPEG bytes instead.
     """
 
-    def __init__(self, output_dir: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, output_dir: str | os.PathLike[str], jpeg_decoder: JpegDecoder | None = None
+    ) -> None:
         self.output_dir = os.fspath(output_dir)
+        self.jpeg_decoder = jpeg_decoder
         self._files = find_chunks(self.output_dir)
         self.chunk_objs_lookup: dict[int, GulpChunk] = {
-            f.number: GulpChunk(f.data_path, f.meta_path) for f in self._files
+            f.number: GulpChunk(f.data_path, f.meta_path, jpeg_decoder=jpeg_decoder)
+            for f in self._files
         }
         self.all_meta_dicts = [c.meta_dict for c in self.chunk_objs_lookup.values()]
         self.num_chunks = len(self.chunk_objs_lookup)
@@ -58,7 +61,7 @@ class GulpDirectory:
         """The chunks, in chunk-number order."""
         return iter(self)
 
-    def __getitem__(self, key: Any) -> tuple[list[np.ndarray], dict[str, Any]]:
+    def __getitem__(self, key: Any) -> tuple[list[Any], dict[str, Any]]:
         id_, selection = split_key(key)
         number = self.chunk_lookup.get(id_)
         if number is None:
@@ -69,7 +72,7 @@ class GulpDirectory:
         """Empty chunks numbered after every chunk file in the directory (for appending)."""
         start = next_chunk_number(self.output_dir)
         return [
-            GulpChunk(p.data_path, p.meta_path)
+            GulpChunk(p.data_path, p.meta_path, jpeg_decoder=self.jpeg_decoder)
             for p in (chunk_paths(self.output_dir, start + i) for i in range(total_new_chunks))
         ]
 

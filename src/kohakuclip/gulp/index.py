@@ -175,8 +175,12 @@ class GulpIndex:
         return stack[where.ravel()]
 
     def frame_size(self, video: int, frame: int = 0) -> tuple[int, int]:
-        """(height, width) of a stored frame, from its JPEG header (one small read)."""
+        """(height, width) of a stored frame, from its JPEG header (one small read); GulpError
+        when the video has no such frame (GulpIO's ``GulpChunk.append`` stores ids without
+        frames too)."""
         path, offsets, sizes = self.frames(video)
+        if not 0 <= frame < len(offsets):
+            raise GulpError(f"{path}: id {self.ids[video]!r} has no frame {frame}")
         data = self._records(
             path, offsets[frame : frame + 1], np.minimum(sizes[frame : frame + 1], 65536)
         )[0]

@@ -105,6 +105,14 @@ class ChunkWriter:
         return report
 
 
+def _extended(old: Label2Idx, new: Label2Idx) -> Label2Idx:
+    """``old`` with the labels only in ``new`` added after its largest index, in ``new``'s order
+    (a derived map's order is the sorted labels, as GulpIO numbered them)."""
+    start = max(old.values(), default=-1) + 1
+    added = sorted(new.keys() - old.keys(), key=new.__getitem__)
+    return {**old, **{label: start + i for i, label in enumerate(added)}}
+
+
 _worker_writer: ChunkWriter | None = None
 
 
@@ -169,12 +177,21 @@ class GulpIngestor:
         return report
 
     def _merged_label2idx(self) -> Label2Idx | None:
-        """The adapter's label map joined with one already in the folder; GulpError on conflict."""
+        """The label map to write: the adapter's, joined with one already in the folder.
+
+        A map the adapter derived from its labels yields to the folder's, as GulpIO's
+        ``--extend`` did: labels already there keep their index, new ones are numbered after,
+        and the adapter takes the result so that its items' ``idx`` agree with the file. A map
+        given to the adapter must agree with the folder's; GulpError otherwise.
+        """
         new = self.adapter.label2idx
         path = os.path.join(self.output_folder, LABEL2IDX_FILE)
         if new is None or not os.path.exists(path):
             return new
         old = load_label2idx(path)
+        if self.adapter.label2idx_derived:
+            self.adapter.label2idx = _extended(old, new)
+            return self.adapter.label2idx
         merged = {**old, **new}
         clash = [k for k in old.keys() & new.keys() if old[k] != new[k]]
         if clash or len(set(merged.values())) != len(merged):

@@ -38,6 +38,8 @@ _META_NAME = re.compile(r"^meta_(\d+)\.gmeta$")
 MetaDict = dict[str, Any]
 """The parsed content of one ``.gmeta`` file."""
 
+_PICKLE_START = b"\x80"  # the PROTO opcode that begins every pickle of protocol 2 and later
+
 
 @dataclass(frozen=True)
 class ChunkFiles:
@@ -114,7 +116,7 @@ def load_meta(path: str, duplicate_ids: list[str] | None = None) -> MetaDict:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f, object_pairs_hook=keep_pairs if duplicate_ids is not None else None)
     except (OSError, ValueError) as exc:
-        raise GulpError(f"{path}: unreadable meta file ({exc})") from exc
+        raise GulpError(f"{path}: unreadable meta file ({_why_unreadable(path, exc)})") from exc
     if not isinstance(meta, dict):
         raise GulpError(f"{path}: meta file is not a JSON object")
     if duplicate_ids is not None and last_pairs:
@@ -129,6 +131,20 @@ def load_meta(path: str, duplicate_ids: list[str] | None = None) -> MetaDict:
         if not isinstance(entry.get("meta_data", []), list):
             raise GulpError(f"{path}: id {id_!r} has a meta_data that is not a list")
     return meta
+
+
+def _why_unreadable(path: str, exc: Exception) -> str:
+    """Why a meta file did not parse. GulpIO's ``GulpChunk(serializer=pickle_serializer)``
+    writes pickles, which are named as such: they are not read here, since unpickling a file
+    can run any code it holds."""
+    try:
+        with open(path, "rb") as f:
+            pickled = f.read(1) == _PICKLE_START
+    except OSError:
+        pickled = False
+    if pickled:
+        return "a pickle (GulpIO's PickleSerializer), not JSON; convert it to JSON to read it"
+    return str(exc)
 
 
 def write_json(path: str, obj: Any) -> None:
