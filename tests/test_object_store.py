@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -22,7 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kohakuclip import ClipError, ImageReader, Reader, pack
+from kohakuclip import ClipError, ImageReader, Reader, WriteError, pack
 from kohakuclip.mp4.faststart import faststart
 from kohakuclip.storage.image_listing import ImageSourceError
 from kohakuclip.storage.remote import request_counts
@@ -669,33 +668,94 @@ def _env_with_src() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
-def test_killed_video_writer_leaves_nothing_half_written(s3, videos, local_write, tmp_path):
+def _bucket_objects(s3, prefix: str) -> dict[str, dict]:
+    """Name under ``prefix`` -> listing entry (size, ETag, last modified) of every object."""
+    listed = [m for chunk in obstore.list(s3, prefix) for m in chunk]
+    return {str(m["path"])[len(prefix) :]: dict(m) for m in listed}
+
+
+def _shard_names(folder: str) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if ".zip" in n or ".tar" in n)
+
+
+def _manifest_rows(read: Callable[[str], bytes]) -> list[dict]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pq.read_table(pa.BufferReader(read("manifest.parquet"))).to_pylist()
+
+
+def test_write_videos_and_images_take_a_url_from_python(
+    s3, videos, local_write, tmp_path, monkeypatch
+):
+    from kohakuclip import write_images, write_videos
+
+    monkeypatch.chdir(tmp_path)  # a URL taken for a local path would show up here as ./s3:
+    fast = {"codec": "av1", "preset": 12, "per_shard": 1, "workers": 1, "progress": False}
+    url = f"s3://{BUCKET}/from-python"  # no trailing slash: a prefix all the same
+    staging = tmp_path / "staging"
+    result = write_videos(url, [videos], staging=str(staging), **fast)
+    assert (result.out, result.videos, result.shards) == (url, 3, _shard_names(local_write))
+    names = _bucket_names(s3, "from-python/")
+    assert names == sorted(os.listdir(local_write))
+    for name in names:  # bit for bit the local run's files
+        assert _bucket_reader(s3, "from-python/")(name) == _local_reader(local_write)(name), name
+    assert not list(staging.glob("*shard_*"))  # each shard left staging once uploaded
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(3):
+        Image.fromarray(photo(60, 80, seed=70 + i)).save(photos / f"{i}.jpg", quality=90)
+    options = {"max_short": 48, "min_short": 0, "per_shard": 2, "progress": False}
+    local = write_images(tmp_path / "local-images", [photos], **options)
+    summary = write_images(f"s3://{BUCKET}/from-python-images/", [photos], **options)
+    assert summary.out_dir == f"s3://{BUCKET}/from-python-images/"
+    assert summary.shards == [
+        f"s3://{BUCKET}/from-python-images/{os.path.basename(p)}" for p in local.shards
+    ]
+    for name in sorted(os.listdir(tmp_path / "local-images")):
+        got = _bucket_reader(s3, "from-python-images/")(name)
+        assert got == _local_reader(str(tmp_path / "local-images"))(name), name
+    assert not os.path.exists(tmp_path / "s3:")
+    with pytest.raises(ValueError, match=r"staging \(--staging\) is for a URL output"):
+        write_videos(tmp_path / "here", [videos], staging=str(staging), **fast)
+    with pytest.raises(ValueError, match=r"staging \(--staging\) is for a URL output"):
+        write_images(tmp_path / "here", [photos], staging=str(staging), **options)
+
+
+def test_video_writer_killed_mid_run_resumes_on_another_node(s3, tmp_path, monkeypatch, capsys):
+    from kohakuclip.write import upload
     from kohakuclip.write.cli import main as write_main
 
-    # the same videos, then one that sorts last and becomes a FIFO once the sources are listed
-    # (a FIFO listed as one is skipped): the writer blocks opening it, so it is killed mid-run
-    # at a known point (every real video's shard finished, the run not)
+    # six videos, then one that sorts last and becomes a FIFO once the sources are listed (a
+    # FIFO listed as one is skipped): the writer blocks opening it, so it is still running
+    # whenever the first shards show up in the bucket and it is killed
     sources = tmp_path / "sources"
-    shutil.copytree(videos, sources)
+    sources.mkdir()
+    for i in range(6):
+        spec = VideoSpec(width=96, height=64, frames=24, seed=60 + i)
+        make_video(spec, str(sources / f"v{i}.mp4"))
+    (sources / "v2.txt").write_text("the third video")
     (sources / "zz.mp4").write_bytes(b"replaced by a FIFO")
-    url = f"s3://{BUCKET}/killed/"
-    staging = tmp_path / "staging"
+    url, prefix = f"s3://{BUCKET}/preempted/", "preempted/"
+    node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
     command = [sys.executable, "-m", "kohakuclip.write.cli", url, str(sources), "--staging"]
     proc = subprocess.Popen(
-        [*command, str(staging), *WRITE_ARGS],
+        [*command, str(node_a), *WRITE_ARGS],
         env=_env_with_src(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + WRITE_TIMEOUT
-        while not list(staging.glob("shard_*")) and proc.poll() is None:  # listed by now
+        while not list(node_a.glob("shard_*")) and proc.poll() is None:  # listed by now
             assert time.monotonic() < deadline, "the writer started no shard in time"
             time.sleep(0.01)
         os.remove(sources / "zz.mp4")
         os.mkfifo(sources / "zz.mp4")
-        while len(list(staging.glob("shard_*.zip"))) < 3 and proc.poll() is None:
-            assert time.monotonic() < deadline, "the writer wrote no shard in time"
+        while proc.poll() is None and not any(
+            n.endswith(".parquet") for n in _bucket_names(s3, prefix + ".manifest-parts/")
+        ):
+            assert time.monotonic() < deadline, "no shard was uploaded in time"
             time.sleep(0.02)
         assert proc.poll() is None, "the writer finished before it could be killed"
         proc.kill()
@@ -704,17 +764,142 @@ def test_killed_video_writer_leaves_nothing_half_written(s3, videos, local_write
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
-    assert _bucket_names(s3, "killed/") == []  # nothing visible, not even the finished shards
     os.remove(sources / "zz.mp4")
-    resume = [url, "--staging", str(staging), "--resume", str(sources), *WRITE_ARGS]
-    assert write_main(resume) == 0
-    assert _bucket_names(s3, "killed/") == sorted(os.listdir(local_write))
+    at_kill = _bucket_objects(s3, prefix)
+    pending = [n for n in at_kill if n.startswith(".manifest-parts/shard_")]
+    kept = sorted(n[len(".manifest-parts/") : -len(".parquet")] for n in pending)
+    assert kept and all(name in at_kill for name in kept)  # a shard goes up before its rows
+    assert not {"manifest.parquet", "encoding.json", "skipped.jsonl"} & set(at_kill)  # last
+    uploads: list[str] = []
+    put = upload.put_object
+    monkeypatch.setattr(upload, "put_object", lambda u, *a: (uploads.append(u), put(u, *a)))
+    capsys.readouterr()
+    resume = [url, "--staging", str(node_b), "--resume", str(sources), *WRITE_ARGS]
+    assert write_main(resume) == 0  # another node: a new, empty staging folder
+    assert capsys.readouterr().out.startswith(f"{6 - len(kept)} videos ")  # only those encoded
+    assert not {url + name for name in kept} & set(uploads)  # the kept shards stay as they were
+    after = _bucket_objects(s3, prefix)
+    for name in kept:
+        assert (after[name]["e_tag"], after[name]["last_modified"]) == (
+            at_kill[name]["e_tag"],
+            at_kill[name]["last_modified"],
+        ), name
+    straight = tmp_path / "straight"  # the same job, uninterrupted, into a local folder
+    assert write_main([str(straight), str(sources), *WRITE_ARGS]) == 0
+    assert sorted(after) == sorted(os.listdir(straight))  # no pending rows left behind
+    assert _manifest_rows(_bucket_reader(s3, prefix)) == _manifest_rows(_local_reader(straight))
+    assert _stored_videos(_bucket_reader(s3, prefix)) == _stored_videos(_local_reader(straight))
+    np.testing.assert_array_equal(_video_clips(url), _video_clips(str(straight)))
 
-    def by_name(stored: dict[str, tuple[int, bytes]]) -> dict[str, tuple[int, bytes]]:
-        return {os.path.basename(k): v for k, v in stored.items()}
 
-    want = by_name(_stored_videos(_local_reader(local_write)))
-    assert by_name(_stored_videos(_bucket_reader(s3, "killed/"))) == want
+def test_image_writer_stopped_mid_run_keeps_its_uploaded_shards(s3, tmp_path, monkeypatch):
+    from kohakuclip.write import images
+    from kohakuclip.write.images import write_images
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(7):
+        size = (16, 16) if i == 2 else (60, 80)  # p2 is too small: skipped, again on resume
+        Image.fromarray(photo(*size, seed=80 + i)).save(photos / f"p{i}.jpg", quality=90)
+    (photos / "p3.txt").write_text("the fourth photo")
+    options = {"max_short": 48, "min_short": 32, "per_shard": 2, "workers": 1, "progress": False}
+    url, prefix = f"s3://{BUCKET}/stopped-images/", "stopped-images/"
+    encoded: list[str] = []
+    job = images._job
+
+    def stopping(item, settings):
+        encoded.append(os.path.basename(item.origin))
+        if item.origin.endswith("p5.jpg") and not os.path.exists(tmp_path / "stopped"):
+            open(tmp_path / "stopped", "w").close()
+            raise KeyboardInterrupt  # what Ctrl-C or a kill does to the run: it stops here
+        return job(item, settings)
+
+    monkeypatch.setattr(images, "_job", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        write_images(url, [photos], staging=str(tmp_path / "node-a"), **options)
+    at_kill = _bucket_objects(s3, prefix)
+    kept = sorted(n for n in at_kill if n.startswith("shard_"))
+    assert kept == ["shard_00000.zip", "shard_00001.zip"]  # p0 p1, p3 p4: finished, uploaded
+    assert "manifest.parquet" not in at_kill and "encoding.json" not in at_kill
+    with pytest.raises(WriteError, match="pass resume=True"):  # an earlier run is there
+        write_images(url, [photos], staging=str(tmp_path / "node-c"), **options)
+    encoded.clear()
+    summary = write_images(url, [photos], resume=True, staging=str(tmp_path / "node-b"), **options)
+    assert encoded == ["p2.jpg", "p5.jpg", "p6.jpg"]  # the kept shards' images are not encoded
+    assert (summary.images, summary.skipped, len(summary.shards)) == (6, 1, 3)
+    after = _bucket_objects(s3, prefix)
+    for name in kept:
+        assert after[name]["last_modified"] == at_kill[name]["last_modified"], name
+    straight = tmp_path / "straight"
+    write_images(straight, [photos], **options)
+    assert sorted(after) == sorted(os.listdir(straight))  # no pending rows left behind
+    for name in sorted(after):  # shards, manifest, skip log and record: bit for bit
+        assert _bucket_reader(s3, prefix)(name) == _local_reader(str(straight))(name), name
+
+
+@pytest.mark.timeout(300)
+def test_ray_tasks_stage_their_own_parts_and_merge_at_the_url(
+    s3, videos, local_write, tmp_path, monkeypatch
+):
+    import tempfile
+
+    from kohakuclip import Source, write_videos
+
+    ray = pytest.importorskip("ray")
+    task_tmp = tmp_path / "task-tmp"  # where the tasks' processes make temporary folders
+    task_tmp.mkdir()
+    seen = tmp_path / "seen"
+
+    class Spy(Source):
+        """A video that notes, in the task reading it, the task's temporary folder and the
+        staging folders in it."""
+
+        def load(self) -> str | bytes:
+            found = sorted(p.name for p in task_tmp.glob("kohakuclip-upload-*"))
+            with open(seen, "a") as f:
+                f.write(f"{tempfile.gettempdir()} {' '.join(found)}\n")
+            return super().load()
+
+    items: list = []
+    for path in sorted(os.listdir(videos)):
+        if path.endswith(".mp4"):
+            full = os.path.join(videos, path)
+            items.append(Spy(path, full, os.path.getsize(full), {}, path=full))
+    made: list[str] = []  # staging folders the driver makes: none
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(
+        tempfile, "mkdtemp", lambda *a, **k: made.append(mkdtemp(*a, **k)) or made[-1]
+    )
+    env = {k: os.environ[k] for k in _ENV} | {"TMPDIR": str(task_tmp)}
+    monkeypatch.chdir(tmp_path)  # the tasks' working folder: a URL taken for a path lands here
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": env},
+    )
+    try:
+        fast = {"codec": "av1", "preset": 12, "per_shard": 1, "workers": 1, "progress": False}
+        url, prefix = f"s3://{BUCKET}/on-ray/", "on-ray/"
+        result = write_videos(url, items, ray=True, ray_parts=2, **fast)
+        with pytest.raises(ValueError, match="staging"):
+            write_videos(url, items, ray=True, staging=str(tmp_path / "s"), **fast)
+    finally:
+        ray.shutdown()
+    assert (result.out, result.videos, result.skipped) == (url, 3, 0)
+    assert not [m for m in made if "kohakuclip-upload" in m]
+    lines = seen.read_text().splitlines()
+    assert len(lines) == 3
+    assert all(line.startswith(f"{task_tmp} kohakuclip-upload-") for line in lines)
+    assert os.listdir(task_tmp) == []  # each task removed its staging folder
+    names = _bucket_names(s3, prefix)
+    assert {"dataset.json", "manifest.parquet", "skipped.jsonl"} <= set(names)
+    assert not [n for n in names if "manifest-parts" in n]
+    assert len([n for n in names if ".shard_" in n]) == 3
+    want = _stored_videos(_local_reader(local_write))
+    assert _stored_videos(_bucket_reader(s3, prefix)) == want
+    np.testing.assert_array_equal(_video_clips(url), _video_clips(local_write))
 
 
 def test_parts_written_to_a_bucket_then_merged_equal_a_local_run(

@@ -101,6 +101,40 @@ def test_image_part_rerun_is_byte_identical_and_resume_keeps_it(parts, images, t
         write_images(tmp_path, [images], part="0/3", **FAST)
 
 
+def test_a_stopped_run_resumes_after_its_finished_shards(images, single, tmp_path, monkeypatch):
+    from kohakuclip.write import images as writer
+
+    encoded: list[str] = []
+    job = writer._job
+
+    def stopping(item, settings):
+        encoded.append(Path(item.origin).name)
+        if item.origin.endswith("p4.jpg") and not (tmp_path / "stopped").exists():
+            (tmp_path / "stopped").touch()
+            raise KeyboardInterrupt  # the run stops here, as Ctrl-C or a kill stops it
+        return job(item, settings)
+
+    monkeypatch.setattr(writer, "_job", stopping)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        write_images(out, [images], **FAST)
+    kept = {p.name: p.stat().st_mtime_ns for p in out.glob("shard_*.zip")}
+    assert sorted(kept) == ["shard_00000.zip", "shard_00001.zip"]  # p0 p1, p2 p3
+    with pytest.raises(WriteError, match="cannot resume with different quality"):
+        write_images(out, [images], resume=True, **{**FAST, "quality": 80})
+    encoded.clear()
+    summary = write_images(out, [images], resume=True, **FAST)
+    assert encoded == ["p4.jpg", "tiny.png"]  # the kept shards' images are not encoded again
+    assert (summary.images, summary.skipped, len(summary.shards)) == (5, 1, 3)
+    assert {name: (out / name).stat().st_mtime_ns for name in kept} == kept
+    assert _stored(out) == _stored(single)
+    for name in ("skipped.jsonl", "encoding.json", "shard_00002.zip"):
+        assert (out / name).read_bytes() == (single / name).read_bytes(), name
+    rows = pq.read_table(out / "manifest.parquet").to_pylist()
+    assert rows == pq.read_table(single / "manifest.parquet").to_pylist()  # merged: same rows
+    assert not (out / ".manifest-parts").exists()
+
+
 def test_a_killed_parts_leftover_alone_is_an_earlier_run_of_it(images, tmp_path) -> None:
     killed = "part-00001-of-00002.shard_00000.zip.tmp"
     (tmp_path / killed).write_bytes(b"cut short")

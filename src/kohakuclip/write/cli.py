@@ -12,7 +12,7 @@ from kohakuclip.write.merge import MergeError
 from kohakuclip.write.parts import Part, part_argument
 from kohakuclip.write.settings import DEFAULT_CRF, DEFAULT_PRESET, ENCODERS, EncodeSettings
 from kohakuclip.write.shards import WriteError, check_ray_options, write_videos
-from kohakuclip.write.upload import nothing_stored, output_arguments, skip_log, staged_main
+from kohakuclip.write.upload import nothing_stored, output_arguments, skip_log, writer_main
 
 __all__ = ["main"]
 
@@ -99,7 +99,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return staged_main(parser(), _write, argv, _check)
+    return writer_main(parser(), _write, argv, _check)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -107,13 +107,13 @@ def _check(args: argparse.Namespace) -> None:
     EncodeSettings(args.codec, args.crf, args.gop, args.preset, args.max_short, args.loop_filters)
     if args.part is not None:
         Part.parse(args.part)
-    check_ray_options(args.ray, args.part, args.ray_parts)
+    check_ray_options(args.ray, args.part, args.ray_parts, args.staging)
 
 
-def _write(args: argparse.Namespace, out: str) -> int:
+def _write(args: argparse.Namespace) -> int:
     try:
         result = write_videos(
-            out,
+            args.out,
             args.sources,
             codec=args.codec,
             crf=args.crf,
@@ -131,6 +131,7 @@ def _write(args: argparse.Namespace, out: str) -> int:
             part=args.part,
             ray=args.ray,
             ray_parts=args.ray_parts,
+            staging=args.staging,
         )
     except (WriteError, MergeError, FileNotFoundError, ImportError, ValueError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

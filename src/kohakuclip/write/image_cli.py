@@ -11,7 +11,7 @@ from kohakuclip.write.image_codecs import CODEC_ALIASES, JPEG_ENCODERS, STORAGE_
 from kohakuclip.write.images import check_options, write_images
 from kohakuclip.write.parts import Part, part_argument
 from kohakuclip.write.shards import WriteError
-from kohakuclip.write.upload import nothing_stored, output_arguments, skip_log, staged_main
+from kohakuclip.write.upload import nothing_stored, output_arguments, skip_log, writer_main
 
 __all__ = ["main"]
 
@@ -55,13 +55,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     part_argument(p, "store", "images")
     p.add_argument(
-        "--resume", action="store_true", help="keep a run (part) that finished earlier in OUT"
+        "--resume",
+        action="store_true",
+        help="continue an earlier run (or part) in OUT, keeping its finished shards",
     )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return staged_main(_parser(), _write, argv, _check)
+    return writer_main(_parser(), _write, argv, _check)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -71,10 +73,10 @@ def _check(args: argparse.Namespace) -> None:
         Part.parse(args.part)
 
 
-def _write(args: argparse.Namespace, out: str) -> int:
+def _write(args: argparse.Namespace) -> int:
     try:
         summary = write_images(
-            out,
+            args.out,
             args.sources,
             quality=args.quality,
             max_short=args.max_short,
@@ -87,6 +89,7 @@ def _write(args: argparse.Namespace, out: str) -> int:
             progress=not args.no_progress,
             part=args.part,
             resume=args.resume,
+            staging=args.staging,
         )
     except (WriteError, ValueError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

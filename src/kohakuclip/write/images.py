@@ -2,7 +2,8 @@
 
 ``write_images`` is the whole job (what ``kohakuclip-write-images`` runs): sources in order,
 ``workers`` threads preparing and encoding images (the heavy parts release the GIL), shards of
-``per_shard`` images written under a temporary name and renamed when complete, then
+``per_shard`` images written under a temporary name and renamed when complete, each shard's
+manifest rows saved right after it (in the hidden pending folder, with the settings), then
 ``manifest.parquet`` (one row per stored image), ``skipped.jsonl`` (one line per image left out,
 with the reason) and ``encoding.json`` (the settings) beside them.
 
@@ -10,14 +11,19 @@ with the reason) and ``encoding.json`` (the settings) beside them.
 named after the part (``write.parts``; its record is ``part-...encoding.json``), so parts run
 on many machines fill one folder; ``kohakuclip merge`` then writes the dataset view. With
 ``resume=True`` a run (or part) whose record says it finished is kept as it is; an unfinished
-one is written again from the start (images encode fast: a part is the unit of resumption).
+one keeps its finished shards and encodes only the images they do not hold (those skipped
+before them are tried again, so the skip log comes out whole). ``out_dir`` may be a URL prefix:
+the run is built in a local staging folder and each shard uploaded once finished
+(``write.upload``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
+import shutil
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,6 +37,7 @@ from tqdm import tqdm
 from kohakuclip._cpus import usable_cpus
 from kohakuclip.formats import ENCODING_FILE, IMAGE_CODECS, IMAGE_MANIFEST_SCHEMA, INDEX_MEMBER
 from kohakuclip.storage.image_index import encode_image_index, image_records
+from kohakuclip.storage.remote import is_url
 from kohakuclip.storage.zip import ZipWriter
 from kohakuclip.write._atomic import PendingFile, naming, replacing, write_atomically
 from kohakuclip.write.image_codecs import (
@@ -42,7 +49,7 @@ from kohakuclip.write.image_codecs import (
 from kohakuclip.write.image_prepare import Backend, ImageSkip, prepare
 from kohakuclip.write.image_sources import SourceImage, iter_sources
 from kohakuclip.write.parts import OutputNames, Part, earlier_run
-from kohakuclip.write.shards import WriteError
+from kohakuclip.write.upload import Output, WriteError, check_staging, staged
 
 __all__ = [
     "EncodedImage",
@@ -211,9 +218,9 @@ class WriteSummary:
     """What a ``write_images`` job produced.
 
     Attributes:
-        out_dir: the output folder.
-        shards: the shard files of the run (part).
-        images: images stored.
+        out_dir: the output folder (or URL prefix).
+        shards: the shard files (URLs) of the run (part).
+        images: images stored by the run (part), in the shards a resumed one kept too.
         skipped: images left out (listed in ``skipped.jsonl``).
         stored_bytes: bytes of the stored images.
         source_bytes: bytes of their sources.
@@ -300,12 +307,14 @@ def write_images(
     progress: bool = True,
     part: Part | str | None = None,
     resume: bool = False,
+    staging: str | os.PathLike[str] | None = None,
 ) -> WriteSummary:
     """Encode every image of ``sources`` into stored zip shards (KCIMG1 index) in ``out_dir``,
     with ``manifest.parquet``, ``skipped.jsonl`` and ``encoding.json`` beside them.
 
     Args:
-        out_dir: the output folder.
+        out_dir: the output folder, or a URL prefix (``s3://bucket/prefix/`` ...): built in
+            ``staging``, each shard uploaded once finished, the sidecars last (``write.upload``).
         sources: image files, folders (with ``.txt`` / ``.json`` sidecars), tars, zips.
         quality: encoder quality, 0-100.
         max_short: cap on the short side (0: none), never upscaled.
@@ -320,10 +329,17 @@ def write_images(
         progress: show a progress bar.
         part: ``"I/N"`` or a ``Part``: store only the I-th of N contiguous blocks of the images
             sorted by origin, into files named after the part (``merge`` joins the parts).
-        resume: keep a run (part) that finished earlier instead of writing it again.
+        resume: continue an earlier run (part): one that finished is kept as it is, an
+            unfinished one keeps its finished shards (of a URL output: those in the bucket,
+            whatever ``staging``).
+        staging: the local folder a URL output is built in (default: a temporary folder,
+            removed afterwards).
 
     Raises:
+        WriteError: ``out_dir`` holds an earlier run (without ``resume``, or with other
+            settings).
         ValueError: an invalid setting, or a codec whose package is missing.
+        ObjectStoreError: a URL output that cannot be listed or written.
     """
     codec = check_options(quality, max_short, min_short, codec, jpeg_encoder)
     if per_shard < 1:
@@ -332,30 +348,68 @@ def write_images(
         raise ValueError(f"workers must be >= 1, got {workers}")
     if backend not in ("native", "pillow"):
         raise ValueError(f"unknown backend {backend!r}; one of native, pillow")
+    out = os.fspath(out_dir)
+    stage = os.fspath(staging) if staging is not None else None
+    check_staging(out, stage)
     settings = _Settings(codec, quality, max_short, min_short, jpeg_encoder, backend, per_shard)
     workers = workers or usable_cpus()
     names = OutputNames(Part.parse(part) if part is not None else None)
-    out = os.fspath(out_dir)
+    items = iter_sources(list(sources))
+    if not is_url(out):
+        return _write_run(Output(out), items, settings, names, workers, progress, resume)
+    with staged(out, stage, names, resume) as target:
+        return _write_run(target, items, settings, names, workers, progress, resume)
+
+
+def _write_run(
+    target: Output,
+    items: Iterator[SourceImage],
+    settings: _Settings,
+    names: OutputNames,
+    workers: int,
+    progress: bool,
+    resume: bool,
+) -> WriteSummary:
+    """The run (part) ``names`` into ``target``'s folder: refused over another run, kept when
+    it finished (``resume``), else written after the shards an unfinished one kept."""
+    out = target.folder
     if os.path.exists(out) and not os.path.isdir(out):
         raise WriteError(f"{out}: exists and is not a folder")
-    items = iter_sources(list(sources))
     os.makedirs(out, exist_ok=True)
     if names.part is not None:
         _check_parts(out, names.part, settings)
         items = iter(names.part.select(list(items), key=lambda item: item.origin))
     _refuse_video_run(out)
     if resume:
-        finished = _finished(out, names)
+        finished = _finished(target, names)
         if finished is not None:
             return finished
     else:
         _refuse_earlier(out, names)
-    _clear(out, names)
-    summary = WriteSummary(out)
-    with (  # the manifest and the skip log are renamed into place only when the run succeeds
-        replacing(os.path.join(out, names.manifest)) as manifest_file,
+    summary, done = (
+        _kept_shards(target, names, settings) if resume else (WriteSummary(target.name), set())
+    )
+    _clear(out, names, [os.path.basename(p) for p in summary.shards])
+    todo = (item for item in items if item.origin not in done)
+    _encode(target, todo, settings, names, workers, progress, summary)
+    _finish_run(out, names, settings, summary)
+    return summary
+
+
+def _encode(
+    target: Output,
+    items: Iterator[SourceImage],
+    settings: _Settings,
+    names: OutputNames,
+    workers: int,
+    progress: bool,
+    summary: WriteSummary,
+) -> None:
+    """Encode ``items`` and pack them into shards after those in ``summary`` (which counts
+    them); the skip log is renamed into place when every item is done."""
+    out = target.folder
+    with (
         replacing(os.path.join(out, names.skipped)) as skipped,
-        _manifest_writer(manifest_file) as manifest,
         tqdm(unit="img", disable=not progress, desc="images") as bar,
         contextlib.closing(_in_order(items, settings, workers)) as results,
     ):
@@ -379,20 +433,16 @@ def write_images(
                 summary.images += 1
                 summary.stored_bytes += len(result.data)
                 summary.source_bytes += result.source_size
-                if len(shard) == per_shard:
-                    summary.shards.append(_close_shard(shard, manifest, rows))
+                if len(shard) == settings.per_shard:
+                    summary.shards.append(_close_shard(shard, rows, target, names, settings))
                     shard = None
             if shard is not None:
-                summary.shards.append(_close_shard(shard, manifest, rows))
+                summary.shards.append(_close_shard(shard, rows, target, names, settings))
                 shard = None
         except BaseException:
             if shard is not None:
                 shard.abort()
             raise
-    record = _encoding_record(settings, summary, names.part)
-    text = json.dumps(record, indent=2) + "\n"
-    write_atomically(os.path.join(out, names.record), text.encode())
-    return summary
 
 
 @contextlib.contextmanager
@@ -454,20 +504,20 @@ def _refuse_earlier(out: str, names: OutputNames) -> None:
         )
 
 
-def _finished(out: str, names: OutputNames) -> WriteSummary | None:
-    """The summary of a run (part) whose record says it finished and whose shards are there."""
-    record = os.path.join(out, names.record)
+def _finished(target: Output, names: OutputNames) -> WriteSummary | None:
+    """The summary of a run (part) whose record says it finished and whose shards are kept."""
+    record = os.path.join(target.folder, names.record)
     if not os.path.isfile(record):
         return None
     with open(record, encoding="utf-8") as f:
         done = json.load(f)
-    shards = [os.path.join(out, n) for n in done.get("shards", [])]
-    manifest = os.path.join(out, names.manifest)
-    if not os.path.isfile(manifest) or not all(os.path.isfile(p) for p in shards):
+    shards = done.get("shards", [])
+    manifest = os.path.join(target.folder, names.manifest)
+    if not os.path.isfile(manifest) or not all(target.has_shard(n) for n in shards):
         return None
     return WriteSummary(
-        out,
-        shards,
+        target.name,
+        [target.path_of(n) for n in shards],
         int(done.get("images", 0)),
         int(done.get("skipped", 0)),
         int(done.get("stored_bytes", 0)),
@@ -475,15 +525,50 @@ def _finished(out: str, names: OutputNames) -> WriteSummary | None:
     )
 
 
-def _clear(out: str, names: OutputNames) -> None:
-    """Remove what an earlier, unfinished attempt of this run (part) left."""
+def _kept_shards(
+    target: Output, names: OutputNames, settings: _Settings
+) -> tuple[WriteSummary, set[str]]:
+    """The finished shards an unfinished run (part) left: from shard 0 on, while each has its
+    manifest rows in the pending folder and is kept (in the folder, or in the bucket). Their
+    summary and the sources they hold (none when the pending folder holds no settings);
+    WriteError when it holds other settings."""
+    out = target.folder
+    summary, done = WriteSummary(target.name), set[str]()
+    path = os.path.join(out, names.pending_settings)
+    if not os.path.isfile(path):
+        return summary, done
+    with open(path, encoding="utf-8") as f:
+        kept = json.load(f)
+    changed = [k for k, v in asdict(settings).items() if kept.get(k) != v]
+    if changed:
+        raise WriteError(f"{target.name}: cannot resume with different {', '.join(changed)}")
+    for number in itertools.count():
+        name = names.shard(number, "zip")
+        rows = os.path.join(out, names.pending_rows(name))
+        if not (os.path.isfile(rows) and target.has_shard(name)):
+            break
+        table = pq.read_table(rows, columns=["source", "bytes", "source_bytes"])
+        summary.shards.append(target.path_of(name))
+        summary.images += table.num_rows
+        summary.stored_bytes += sum(table.column("bytes").to_pylist())
+        summary.source_bytes += sum(table.column("source_bytes").to_pylist())
+        done.update(table.column("source").to_pylist())
+    return summary, done
+
+
+def _clear(out: str, names: OutputNames, kept: list[str]) -> None:
+    """Remove what an earlier, unfinished attempt of this run (part) left but its ``kept``
+    shards: files half-written, its other shards, its record; with no shard kept, its pending
+    folder too (the run starts over)."""
     pattern = names.shard_pattern("zip")
     for name in os.listdir(out):
-        if names.temporary(name) or pattern.match(name):
+        if names.temporary(name) or (pattern.match(name) and name not in kept):
             os.remove(os.path.join(out, name))
     record = os.path.join(out, names.record)
     if os.path.isfile(record):
         os.remove(record)
+    if not kept:
+        shutil.rmtree(os.path.join(out, names.pending), ignore_errors=True)
 
 
 def _manifest_row(
@@ -508,12 +593,56 @@ def _manifest_row(
 
 
 def _close_shard(
-    shard: _ShardWriter, manifest: pq.ParquetWriter, rows: list[dict[str, Any]]
+    shard: _ShardWriter,
+    rows: list[dict[str, Any]],
+    target: Output,
+    names: OutputNames,
+    settings: _Settings,
 ) -> str:
+    """Finish ``shard``, save its manifest ``rows`` (and, beside the first, the settings) in
+    the pending folder, and hand them to the output (a URL output uploads them); returns where
+    the shard is."""
     shard.finish()
-    manifest.write_table(pa.Table.from_pylist(rows, schema=IMAGE_MANIFEST_SCHEMA))
+    name = os.path.basename(shard.path)
+    _save_pending(target.folder, names, name, rows, settings)
+    target.publish(name, [names.pending_settings, names.pending_rows(name)])
     rows.clear()
-    return shard.path
+    return target.path_of(name)
+
+
+def _save_pending(
+    out: str, names: OutputNames, shard: str, rows: list[dict[str, Any]], settings: _Settings
+) -> None:
+    """The finished ``shard``'s manifest ``rows`` in the pending folder, with the settings
+    (once) that ``_kept_shards`` checks a resumed run against."""
+    os.makedirs(os.path.join(out, names.pending), exist_ok=True)
+    kept = os.path.join(out, names.pending_settings)
+    if not os.path.exists(kept):
+        write_atomically(kept, json.dumps(asdict(settings), indent=2).encode())
+    path = os.path.join(out, names.pending_rows(shard))
+    with replacing(path) as f, naming(path):
+        pq.write_table(pa.Table.from_pylist(rows, schema=IMAGE_MANIFEST_SCHEMA), f)
+
+
+def _finish_run(out: str, names: OutputNames, settings: _Settings, summary: WriteSummary) -> None:
+    """The run's manifest (from its shards' pending rows), then its record (which says it
+    finished); the pending folder is then removed."""
+    _write_manifest(out, names, summary.shards)
+    record = _encoding_record(settings, summary, names.part)
+    text = json.dumps(record, indent=2) + "\n"
+    write_atomically(os.path.join(out, names.record), text.encode())
+    shutil.rmtree(os.path.join(out, names.pending), ignore_errors=True)
+
+
+def _write_manifest(out: str, names: OutputNames, shards: list[str]) -> None:
+    """The run's manifest from its ``shards``' pending rows, in order (a row group each)."""
+    with (
+        replacing(os.path.join(out, names.manifest)) as f,
+        _manifest_writer(f) as manifest,
+    ):
+        for shard in shards:
+            rows = os.path.join(out, names.pending_rows(os.path.basename(shard)))
+            manifest.write_table(pq.read_table(rows, schema=IMAGE_MANIFEST_SCHEMA))
 
 
 def _encoding_record(

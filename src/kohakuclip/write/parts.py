@@ -105,8 +105,20 @@ class OutputNames:
 
     @property
     def pending(self) -> str:
-        """Folder of per-shard manifest rows of an unfinished run."""
+        """Folder of an unfinished run's resume state: per-shard manifest rows and the settings
+        its shards were written with."""
         return f".{self.prefix}manifest-parts"
+
+    def pending_rows(self, shard: str) -> str:
+        """Where (under the output) the finished ``shard``'s manifest rows wait for the run's
+        manifest."""
+        return f"{self.pending}/{shard}.parquet"
+
+    @property
+    def pending_settings(self) -> str:
+        """Where (under the output) the settings of the pending rows' shards are kept: a run
+        resumed from a bucket, before any sidecar is uploaded, checks its settings by them."""
+        return f"{self.pending}/{ENCODING_FILE}"
 
     def owns(self, name: str) -> bool:
         """Whether ``name`` is one of this run's files (shard, manifest, skip log)."""

@@ -2,12 +2,14 @@
 --ray``.
 
 The driver connects to the cluster ``RAY_ADDRESS`` names, or starts a local Ray when none is
-set, and submits one task per part (``part=I/N`` of the same job into the same folder, which
-every node must see: a shared file system). A task whose worker dies, or that fails with an
-OSError, is retried (with ``resume``: a retry keeps the part's finished shards; a settings
-mismatch is not retried); the tasks report each video to a small actor, and the driver shows
-one progress bar over the cluster. When every part is done the
-folder is merged (``write.merge``).
+set, and submits one task per part (``part=I/N`` of the same job into the same output). The
+output is a folder every node must see (a shared file system), or a URL prefix: then each task
+builds its part in a temporary folder on its own node and uploads it (``write.upload``), and
+nothing is staged on the driver. A task whose worker dies, or that fails with an OSError, is
+retried (with ``resume``: a retry keeps the part's finished shards, for a URL those in the
+bucket; a settings mismatch is not retried); the tasks report each video to a small actor, and
+the driver shows one progress bar over the cluster. When every part is done the output is merged
+(``write.merge``; at a URL prefix, by ranged reads).
 """
 
 from __future__ import annotations
@@ -15,15 +17,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from kohakuclip.formats import ENCODING_FILE
+from kohakuclip.storage.remote import is_url
 from kohakuclip.write.merge import merge
-from kohakuclip.write.parts import Part
+from kohakuclip.write.parts import Part, holds_run
 from kohakuclip.write.sources import Source, expand_sources
+from kohakuclip.write.upload import WriteError, present_objects
 
 if TYPE_CHECKING:
     from kohakuclip.write.shards import WriteResult, _Job
@@ -36,6 +42,8 @@ TASK_RETRIES = 3
 
 _POLL_SECONDS = 0.5
 _COUNTER_NAME = "kohakuclip-write-progress"
+_PART_TAG_RE = re.compile(r"^\.?part-\d+-of-(\d+)\.")
+"""A part's file (or pending folder) name; group 1 is the job's part count."""
 
 
 def _ray() -> Any:
@@ -81,10 +89,26 @@ def _run_part(
     counter: Any,
     key: str,
 ) -> WriteResult:
-    """One Ray task: write ``part`` (resuming whatever an earlier attempt finished)."""
-    return job.run(
+    """One Ray task: write ``part`` (resuming whatever an earlier attempt finished; a URL
+    output staged in a temporary folder of this node)."""
+    return job.write(
         out, sources, part, resume=True, progress=False, on_video=lambda: counter.add.remote(key)
     )
+
+
+def _earlier_job(out: str) -> tuple[bool, int | None]:
+    """Whether ``out`` holds an earlier run, and the parts it was split into (None: unknown).
+    A folder tells by its ``encoding.json`` (written first); a URL prefix by its objects (the
+    sidecars go up last, a part's files and pending rows as it goes)."""
+    if is_url(out):
+        names = {name.split("/")[0] for name in present_objects(out)}
+        counts = {int(m.group(1)) for m in map(_PART_TAG_RE.match, names) if m}
+        return holds_run(names, None), counts.pop() if len(counts) == 1 else None
+    settings = os.path.join(out, ENCODING_FILE)
+    if not os.path.exists(settings):
+        return False, None
+    with open(settings, "rb") as f:
+        return True, json.load(f).get("parts")
 
 
 _remote_parts: dict[int, Any] = {}
@@ -106,22 +130,21 @@ def write_on_ray(
     progress: bool,
     parts: int | None,
 ) -> WriteResult:
-    """Write the job as ``parts`` Ray tasks into ``out``, then merge it; see the module doc."""
-    from kohakuclip.formats import ENCODING_FILE
-    from kohakuclip.write.shards import WriteError, WriteResult
+    """Write the job as ``parts`` Ray tasks into ``out`` (a folder or a URL prefix), then merge
+    it; see the module doc."""
+    from kohakuclip.write.shards import WriteResult
 
     ray = _ray()
     sources = [os.fspath(s) if isinstance(s, os.PathLike) else s for s in sources]
-    settings = os.path.join(out, ENCODING_FILE)
-    if os.path.exists(settings):
+    earlier, split = _earlier_job(out)
+    if earlier:
         if not resume:
             raise WriteError(
                 f"{out}: holds an earlier run; pass resume=True (--resume) to continue it, "
                 "or choose another folder"
             )
         if parts is None:  # resume with the split the earlier run used, whatever the cluster
-            with open(settings, "rb") as f:
-                parts = json.load(f).get("parts")
+            parts = split
     if parts is not None and parts < 1:
         raise ValueError(f"ray_parts must be at least 1, got {parts}")
     total = len(expand_sources(sources, job.gulp_fps).sources)

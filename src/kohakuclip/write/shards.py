@@ -6,8 +6,11 @@ shards: ``encoding.json`` (the settings), ``manifest.parquet`` (a row per video,
 captions and labels) and ``skipped.jsonl`` (each source that could not be used, and why).
 
 Interruptions are safe: a shard is renamed into place only when complete, and its manifest rows
-are saved right after it. Running again into the same folder with ``resume=True`` keeps the
-finished shards and continues with the videos they do not hold; without it, the run refuses.
+are saved right after it (in the hidden pending folder, with the run's settings). Running again
+into the same folder with ``resume=True`` keeps the finished shards and continues with the videos
+they do not hold; without it, the run refuses. ``out`` may be a URL prefix (``s3://...``): the
+run is built in a local staging folder and each shard uploaded once finished (``write.upload``),
+so a run resumed on another node keeps the shards the bucket holds.
 
 ``part="I/N"`` writes only part I of N of the job (see ``write.parts``): its own shards, manifest
 and skip log, named after the part, beside the other parts' in the same folder; ``ray=True`` runs
@@ -33,14 +36,15 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from kohakuclip._cpus import usable_cpus
-from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import ENCODING_FILE, MANIFEST_FILE, VIDEO_MANIFEST_SCHEMA, VideoEntry
+from kohakuclip.storage.remote import is_url
 from kohakuclip.write._atomic import TEMP_SUFFIX, naming, replacing, write_atomically
 from kohakuclip.write.gulp_videos import encode_gulp_video
 from kohakuclip.write.pack import Container, PackError, ShardWriter
 from kohakuclip.write.parts import ANY_SHARD_RE, OutputNames, Part, earlier_run
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.sources import Source, expand_sources
+from kohakuclip.write.upload import Output, WriteError, check_staging, staged
 from kohakuclip.write.video import EncodedVideo, EncodeError, encode_video
 
 __all__ = ["PARTS_DIR", "WriteError", "WriteResult", "check_ray_options", "write_videos"]
@@ -68,16 +72,12 @@ PARTS_DIR = OutputNames().pending
 _RESUME_KEYS = ("settings", "container", "per_shard", "backend", "gulp_fps", "parts")
 
 
-class WriteError(KohakuClipError, RuntimeError):
-    """The output folder cannot be used (a previous run there, with other settings)."""
-
-
 @dataclass
 class WriteResult:
     """What a ``write_videos`` call produced.
 
     Attributes:
-        out: the output folder.
+        out: the output folder (or URL prefix).
         shards: the shard files this call wrote.
         videos: videos this call packed.
         skipped: sources this call skipped (listed in ``skipped.jsonl``).
@@ -139,13 +139,15 @@ def _run_config(
     }
 
 
-def _prepare(out: str, config: dict, resume: bool, names: OutputNames) -> _Done:
+def _prepare(target: Output, config: dict, resume: bool, names: OutputNames) -> _Done:
     """Check the output folder: new, an earlier run to resume with the same settings, or (for a
     part) a folder the other parts of the same job write into."""
+    out = target.folder
     if os.path.exists(out) and not os.path.isdir(out):
         raise WriteError(f"{out}: exists and is not a folder")
     os.makedirs(out, exist_ok=True)
     settings_path = os.path.join(out, ENCODING_FILE)
+    _restore_settings(out, names)
     listing = os.listdir(out)
     if not os.path.exists(settings_path):
         if any(ANY_SHARD_RE.match(n) or n == MANIFEST_FILE for n in listing):
@@ -170,13 +172,33 @@ def _prepare(out: str, config: dict, resume: bool, names: OutputNames) -> _Done:
         )
     if changed:
         verb = "resume" if names.part is None else "write a part"
-        raise WriteError(f"{out}: cannot {verb} with different {', '.join(changed)}")
-    return _load_done(out, names)
+        raise WriteError(f"{target.name}: cannot {verb} with different {', '.join(changed)}")
+    return _load_done(target, names)
 
 
-def _load_done(out: str, names: OutputNames) -> _Done:
-    """Finished shards (those whose manifest rows were saved), minus leftovers of a crash; only
-    this run's (this part's) files are looked at."""
+def _restore_settings(out: str, names: OutputNames) -> None:
+    """The job's ``encoding.json`` from the copy in the pending folder where only that is there:
+    a run resumed from a bucket before it finished (the sidecars are uploaded last)."""
+    settings, kept = os.path.join(out, ENCODING_FILE), os.path.join(out, names.pending_settings)
+    if not os.path.exists(settings) and os.path.exists(kept):
+        with open(kept, "rb") as f:
+            write_atomically(settings, f.read())
+
+
+def _keep_settings(out: str, names: OutputNames) -> None:
+    """Copy the job's ``encoding.json`` into the pending folder, once: the pending rows' shards
+    were written with it (``_restore_settings``)."""
+    kept = os.path.join(out, names.pending_settings)
+    if not os.path.exists(kept):
+        with open(os.path.join(out, ENCODING_FILE), "rb") as f:
+            write_atomically(kept, f.read())
+
+
+def _load_done(target: Output, names: OutputNames) -> _Done:
+    """Finished shards (those whose manifest rows were saved, kept in the folder or, for a URL
+    output, in the bucket), minus leftovers of a crash; only this run's (this part's) files are
+    looked at."""
+    out = target.folder
     done = _Done()
     shard_re = names.shard_pattern()
     by_shard: dict[str, list[dict[str, Any]]] = {}
@@ -197,7 +219,7 @@ def _load_done(out: str, names: OutputNames) -> _Done:
             os.remove(path)  # complete, but its manifest rows were never saved: redo it
     numbers = [-1]
     for shard, rows in sorted(by_shard.items()):
-        if os.path.exists(os.path.join(out, shard)):
+        if target.has_shard(shard):
             done.rows.extend(rows)
             match = shard_re.match(shard)
             numbers.append(int(match.group(1)) if match else -1)
@@ -270,13 +292,14 @@ class _Run:
 
     def __init__(
         self,
-        out: str,
+        target: Output,
         container: Container,
         per_shard: int,
         done: _Done,
         names: OutputNames,
     ) -> None:
-        self.out = out
+        self.target = target
+        self.out = target.folder
         self.names = names
         self.container = container
         self.per_shard = per_shard
@@ -284,8 +307,8 @@ class _Run:
         self.used = {row["member"] for row in done.rows}
         self.shard: ShardWriter | None = None
         self.rows: list[dict[str, Any]] = []
-        self.result = WriteResult(out, resumed_videos=len(done.rows))
-        self._skipped = open(os.path.join(out, names.skipped), "a", encoding="utf-8")
+        self.result = WriteResult(target.name, resumed_videos=len(done.rows))
+        self._skipped = open(os.path.join(self.out, names.skipped), "a", encoding="utf-8")
 
     def skip(self, origin: str, reason: str) -> None:
         line = json.dumps({"source": origin, "reason": reason}, ensure_ascii=False)
@@ -336,14 +359,16 @@ class _Run:
         }
 
     def finish_shard(self) -> None:
-        """Rename the complete shard into place, then save its manifest rows."""
+        """Rename the complete shard into place, save its manifest rows (and the settings) in
+        the pending folder, and hand them to the output (a URL output uploads them)."""
         if self.shard is None:
             return
         self.shard.close()
         name = os.path.basename(self.shard.path)
-        parts = os.path.join(self.out, self.names.pending)
-        os.makedirs(parts, exist_ok=True)
-        _write_table(os.path.join(parts, name + ".parquet"), self.rows)
+        os.makedirs(os.path.join(self.out, self.names.pending), exist_ok=True)
+        _keep_settings(self.out, self.names)
+        _write_table(os.path.join(self.out, self.names.pending_rows(name)), self.rows)
+        self.target.publish(name, [self.names.pending_settings, self.names.pending_rows(name)])
         self.result.shards.append(name)
         self.shard, self.rows = None, []
         self.next_shard += 1
@@ -357,10 +382,11 @@ class _Run:
         self._skipped.close()
 
 
-def _merge_manifest(out: str, names: OutputNames) -> None:
-    """The run's manifest from every finished shard's rows; the per-shard rows are then
-    removed."""
-    done = _load_done(out, names)
+def _merge_manifest(target: Output, names: OutputNames) -> None:
+    """The run's manifest from every finished shard's rows; the pending folder (the per-shard
+    rows, the settings' copy) is then removed."""
+    out = target.folder
+    done = _load_done(target, names)
     _write_table(os.path.join(out, names.manifest), done.rows)
     parts = os.path.join(out, names.pending)
     if os.path.isdir(parts):
@@ -369,14 +395,22 @@ def _merge_manifest(out: str, names: OutputNames) -> None:
         os.rmdir(parts)
 
 
-def check_ray_options(ray: bool, part: Part | str | None, ray_parts: int | None) -> None:
-    """Refuse a part with ``ray`` (Ray runs every part itself) and ``ray_parts`` without it
-    (or below 1): ValueError naming the keyword and the command-line option."""
+def check_ray_options(
+    ray: bool, part: Part | str | None, ray_parts: int | None, staging: str | None = None
+) -> None:
+    """Refuse a part with ``ray`` (Ray runs every part itself), ``ray_parts`` without it (or
+    below 1) and a staging folder with it (each task stages its part on its own node):
+    ValueError naming the keyword and the command-line option."""
     if ray and part is not None:
         raise ValueError("ray (--ray) runs every part itself: pass part or ray, not both")
     if ray_parts is not None and (not ray or ray_parts < 1):
         raise ValueError(
             f"ray_parts (--ray-parts) must be at least 1 and needs ray (--ray), got {ray_parts}"
+        )
+    if ray and staging is not None:
+        raise ValueError(
+            "staging (--staging) does not go with ray (--ray): each Ray task builds its part in "
+            "a temporary folder on its own node"
         )
 
 
@@ -400,12 +434,14 @@ def write_videos(
     part: Part | str | None = None,
     ray: bool = False,
     ray_parts: int | None = None,
+    staging: str | os.PathLike[str] | None = None,
 ) -> WriteResult:
     """Re-encode ``sources`` into ``out/shard_00000.zip`` ... with ``encoding.json``,
     ``manifest.parquet`` and ``skipped.jsonl`` beside them.
 
     Args:
-        out: the output folder.
+        out: the output folder, or a URL prefix (``s3://bucket/prefix/`` ...): built in
+            ``staging``, each shard uploaded once finished, the sidecars last (``write.upload``).
         sources: video files, folders, tar archives, gulp directories, ``(name, bytes)`` pairs
             or ``Source`` objects.
         codec: ``av1`` (SVT-AV1), ``h264`` (libx264) or ``hevc`` (libx265).
@@ -421,7 +457,8 @@ def write_videos(
         workers: videos encoded at once (default: the usable CPUs; with ``ray``: per task,
             default 1).
         backend: ``native`` (PyAV in process) or ``ffmpeg`` (the command line).
-        resume: continue an earlier run (or part) in ``out``, keeping its finished shards.
+        resume: continue an earlier run (or part) in ``out``, keeping its finished shards (of a
+            URL output: those in the bucket, whatever ``staging``).
         progress: show a progress bar of videos.
         gulp_fps: frame rate of gulp videos (default: their meta_data's, else 12); their
             meta_data goes into the manifest like a JSON sidecar.
@@ -430,12 +467,17 @@ def write_videos(
         ray: run the job as Ray tasks, one per part, on the cluster ``RAY_ADDRESS`` names (or a
             local Ray), then ``merge`` them; needs ``kohakuclip[ray]``.
         ray_parts: parts (tasks) for ``ray`` (default: the cluster's CPUs / ``workers``).
+        staging: the local folder a URL output is built in (default: a temporary folder,
+            removed afterwards; not with ``ray``: each task stages its part on its node).
 
     Raises:
         WriteError: ``out`` holds an earlier run (without ``resume``, or with other settings).
         ValueError: an invalid setting.
+        ObjectStoreError: a URL output that cannot be listed or written.
     """
     out = os.fspath(out)
+    stage = os.fspath(staging) if staging is not None else None
+    check_staging(out, stage)
     settings = EncodeSettings(codec, crf, gop, preset, max_short, loop_filters)  # type: ignore[arg-type]
     if container not in ("zip", "tar"):
         raise ValueError(f"container must be 'zip' or 'tar', got {container!r}")
@@ -445,7 +487,7 @@ def write_videos(
         raise ValueError(f"gulp_fps must be positive, got {gulp_fps}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
-    check_ray_options(ray, part, ray_parts)
+    check_ray_options(ray, part, ray_parts, stage)
     _encoder(backend)
     if isinstance(sources, str | os.PathLike):
         sources = [sources]
@@ -454,7 +496,8 @@ def write_videos(
         from kohakuclip.write.ray_launcher import write_on_ray
 
         return write_on_ray(out, list(sources), job, resume, progress, ray_parts)
-    return job.run(out, sources, Part.parse(part) if part is not None else None, resume, progress)
+    parsed = Part.parse(part) if part is not None else None
+    return job.write(out, sources, parsed, resume, progress, stage)
 
 
 @dataclass(frozen=True)
@@ -473,16 +516,34 @@ class _Job:
             self.settings, self.container, self.per_shard, self.backend, self.gulp_fps, parts
         )
 
-    def run(
+    def write(
         self,
         out: str,
         sources: Iterable[str | os.PathLike[str] | Source | tuple[str, bytes]],
         part: Part | None,
         resume: bool,
         progress: bool,
+        staging: str | None = None,
         on_video: Callable[[], None] | None = None,
     ) -> WriteResult:
-        """Write the whole job (``part`` None) or one part of it."""
+        """Write the whole job (``part`` None) or one part of it into ``out``: a folder, or a
+        URL prefix built in ``staging`` (None: a temporary folder) and uploaded shard by
+        shard."""
+        if not is_url(out):
+            return self.run(Output(out), sources, part, resume, progress, on_video)
+        with staged(out, staging, OutputNames(part), resume) as stage:
+            return self.run(stage, sources, part, resume, progress, on_video)
+
+    def run(
+        self,
+        target: Output,
+        sources: Iterable[str | os.PathLike[str] | Source | tuple[str, bytes]],
+        part: Part | None,
+        resume: bool,
+        progress: bool,
+        on_video: Callable[[], None] | None = None,
+    ) -> WriteResult:
+        """Write the whole job (``part`` None) or one part of it into ``target``'s folder."""
         names = OutputNames(part)
         settings, encoder = self.settings, _encoder(self.backend)
         expansion = expand_sources(sources, self.gulp_fps)
@@ -490,11 +551,11 @@ class _Job:
         if part is not None:
             found = part.select(found, key=lambda s: s.origin)
             unreadable = part.select(unreadable, key=lambda u: u[0])
-        done = _prepare(out, self.config(part.count if part else None), resume, names)
+        done = _prepare(target, self.config(part.count if part else None), resume, names)
         finished = {row["source"] for row in done.rows} | done.skipped
         todo = [s for s in found if s.origin not in finished]
         workers = self.workers or usable_cpus()
-        run = _Run(out, self.container, self.per_shard, done, names)
+        run = _Run(target, self.container, self.per_shard, done, names)
         for origin, reason in unreadable:
             if origin not in finished:
                 run.skip(origin, reason)
@@ -527,5 +588,5 @@ class _Job:
         finally:
             run.close()
             bar.close()
-        _merge_manifest(out, names)
+        _merge_manifest(target, names)
         return run.result

@@ -1,11 +1,19 @@
-"""Writers' output in object storage: each run is built in a local staging folder, then uploaded.
+"""Where a writer's files go: a local folder, or a URL prefix built in a local staging folder and
+uploaded shard by shard.
 
-Shards go up first and the sidecars (``manifest.parquet``, ``encoding.json``, ``skipped.jsonl``,
-a dataset view ...) last, each object with one PUT or a multipart upload (obstore picks by
-size); an object becomes visible only once its upload completes, so a crashed writer leaves no
-half-written object (an interrupted multipart upload stays invisible). A resumed run keeps its
-staging folder (``--staging``) and uploads only what the bucket does not already hold at the
-same size.
+A URL output (``s3://bucket/prefix/`` ...) is listed first: an unreachable store, refused
+credentials or a prefix holding an earlier run (without ``resume``) fail before anything is
+encoded. The run is then built in a staging folder (``staging=`` / ``--staging``, or a temporary
+one). Each shard is uploaded as soon as it is finished, then the files that let a run resume it
+(its manifest rows and the run's settings, in the run's hidden pending folder,
+``OutputNames.pending``), and its local copy is removed. The sidecars (``manifest.parquet``,
+``encoding.json``, ``skipped.jsonl``) go up last, when the run (part) finishes, and then the
+pending objects are deleted. Each object is one PUT or a multipart upload (obstore picks by size)
+and becomes visible only once complete, so a writer killed anywhere (SIGKILL, a lost node) loses
+at most the shard it was writing. A resumed run, on any node and with any staging folder, first
+downloads what its staging folder lacks of the run's small files (the job's ``encoding.json``,
+the run's pending folder and sidecars; never a shard) and continues after the shards the prefix
+holds.
 """
 
 from __future__ import annotations
@@ -17,118 +25,236 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import Any
 
-from kohakuclip.errors import os_error_text
-from kohakuclip.formats import SHARD_SUFFIXES
+from kohakuclip.errors import KohakuClipError, os_error_text
+from kohakuclip.formats import ENCODING_FILE, SHARD_SUFFIXES
 from kohakuclip.storage.remote import (
-    ObjectStoreError,
+    describe_error,
     is_url,
     list_objects,
+    open_object,
     put_object,
+    store_for,
 )
-from kohakuclip.write.parts import OutputNames, Part, holds_run
+from kohakuclip.write._atomic import write_atomically
+from kohakuclip.write.parts import OutputNames, Part, earlier_run
 
-__all__ = ["nothing_stored", "output_arguments", "run_staged", "skip_log", "staged_main"]
+__all__ = [
+    "Output",
+    "StagedOutput",
+    "WriteError",
+    "check_staging",
+    "nothing_stored",
+    "output_arguments",
+    "present_objects",
+    "skip_log",
+    "staged",
+    "writer_main",
+]
 
 
-def _order(name: str) -> tuple[int, str]:
-    return (0 if name.endswith(SHARD_SUFFIXES) else 1, name)
+class WriteError(KohakuClipError, RuntimeError):
+    """The output folder (or URL prefix) cannot be used (a previous run there, with other
+    settings)."""
+
+
+def _order(name: str, last: str) -> tuple[int, str]:
+    """Shards first, then the sidecars, ``last`` at the end."""
+    return (0 if name.endswith(SHARD_SUFFIXES) else 2 if name == last else 1, name)
 
 
 def _prefix(url: str) -> str:
     return url if url.endswith("/") else url + "/"
 
 
-def present_objects(url: str, options: Mapping[str, Any] | None = None) -> dict[str, int]:
-    """Size by URL of every object under the prefix ``url`` (ObjectStoreError when the store
-    cannot be reached or refuses the credentials)."""
-    return {found: int(meta["size"]) for found, meta in list_objects(_prefix(url), options)}
-
-
-def upload_folder(
-    local: str,
-    url: str,
-    options: Mapping[str, Any] | None = None,
-    present: Mapping[str, int] | None = None,
-) -> list[tuple[str, int]]:
-    """Upload every file under ``local`` to the prefix ``url`` (ending in ``/``), shards first,
-    skipping objects already there with the same size (``present``: a listing taken earlier);
-    returns (URL, bytes) of each upload."""
+def present_objects(url: str) -> dict[str, int]:
+    """Size of every object under the prefix ``url``, by its name under the prefix (``a/b`` for
+    one in a sub-folder); ObjectStoreError when the store cannot be reached or refuses the
+    credentials."""
     prefix = _prefix(url)
-    present = present_objects(prefix, options) if present is None else present
+    return {found[len(prefix) :]: int(meta["size"]) for found, meta in list_objects(prefix)}
+
+
+def upload_folder(local: str, url: str, present: Mapping[str, int], last: str) -> None:
+    """Upload every file under ``local`` to the prefix ``url``, shards first and the file
+    ``last`` at the end, skipping those ``present`` (a listing by name under the prefix) holds
+    at the same size."""
+    prefix = _prefix(url)
     names = []
     for folder, _, files in os.walk(local):
         for name in files:
             names.append(os.path.relpath(os.path.join(folder, name), local).replace(os.sep, "/"))
-    uploaded = []
-    for name in sorted(names, key=_order):
+    for name in sorted(names, key=lambda name: _order(name, last)):
         path = os.path.join(local, name)
-        size = os.path.getsize(path)
-        target = prefix + name
-        if present.get(target) == size:
-            continue
-        put_object(target, Path(path), options)
-        uploaded.append((target, size))
-    return uploaded
+        if present.get(name) != os.path.getsize(path):
+            put_object(prefix + name, Path(path))
+
+
+def _delete_objects(urls: Sequence[str]) -> None:
+    """Delete the objects ``urls`` (of one store), in bulk where the store can."""
+    if not urls:
+        return
+    import obstore
+
+    store, _ = store_for(urls[0])
+    try:
+        obstore.delete(store, [store_for(url)[1] for url in urls])
+    except Exception as e:
+        raise describe_error(urls[0], e) from None
 
 
 @dataclass
-class Staging:
-    """Where a run is built; set ``done`` when it succeeded (only then is it uploaded)."""
+class Output:
+    """A writer's local output folder: its finished shards stay in it."""
 
     folder: str
-    done: bool = False
+
+    @property
+    def name(self) -> str:
+        """The output, as messages and results name it."""
+        return self.folder
+
+    def path_of(self, name: str) -> str:
+        """Where the output's file ``name`` is, as results name it."""
+        return os.path.join(self.folder, name)
+
+    def has_shard(self, shard: str) -> bool:
+        """Whether the finished ``shard`` is kept (in the folder)."""
+        return os.path.isfile(os.path.join(self.folder, shard))
+
+    def publish(self, shard: str, state: Sequence[str]) -> None:
+        """Hand over the finished ``shard`` and the ``state`` files (names under the folder)
+        that let a resumed run keep it: a local folder keeps them where they are."""
 
 
-class _EarlierRun(Exception):
-    """The output prefix holds a run the new one would clash with (no --resume)."""
+@dataclass
+class StagedOutput(Output):
+    """The URL prefix ``url`` (``out`` as given) built in the staging ``folder`` for the run
+    (part) ``names``; see the module doc. ``present``: the objects under the prefix by name,
+    with their sizes (the listing taken at the start, then each upload)."""
+
+    out: str
+    url: str
+    names: OutputNames
+    present: dict[str, int]
+
+    @property
+    def name(self) -> str:
+        return self.out
+
+    def path_of(self, name: str) -> str:
+        return self.url + name
+
+    def has_shard(self, shard: str) -> bool:
+        """Whether the finished ``shard`` is kept: in the bucket, or still in staging."""
+        return shard in self.present or super().has_shard(shard)
+
+    def publish(self, shard: str, state: Sequence[str]) -> None:
+        """Upload the finished ``shard``, then its ``state`` files (the object that records a
+        shard never comes before the shard), and remove the shard's local copy."""
+        self._put(shard)
+        os.remove(self._local(shard))
+        for name in state:
+            self._put(name)
+
+    def finish(self) -> None:
+        """The run (part) succeeded: upload what staging holds that the prefix lacks at the same
+        size (its sidecars; the run's record last: the image writer takes it to mean the run
+        finished), then delete the run's pending objects."""
+        upload_folder(self.folder, self.url, self.present, self.names.record)
+        pending = self.names.pending + "/"
+        _delete_objects([self.url + name for name in self.present if name.startswith(pending)])
+
+    def fetch_state(self) -> None:
+        """Download into staging what it lacks of the objects a run resumes from (see
+        ``_state_names``); a new staging folder (another node) gets all of them."""
+        for name in _state_names(self.present, self.names):
+            path = self._local(name)
+            if os.path.exists(path):
+                continue
+            size = self.present[name]
+            data = open_object(self.url + name, meta={"size": size}).read(0, size)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_atomically(path, data)
+
+    def _local(self, name: str) -> str:
+        return os.path.join(self.folder, *name.split("/"))
+
+    def _put(self, name: str) -> None:
+        path = self._local(name)
+        put_object(self.url + name, Path(path))
+        self.present[name] = os.path.getsize(path)
+
+
+def _state_names(present: Collection[str], names: OutputNames) -> list[str]:
+    """The objects the run (part) ``names`` resumes from: the job's ``encoding.json``, the
+    run's record, manifest and skip log, and its pending folder; never a shard."""
+    wanted = {ENCODING_FILE, names.record, names.manifest, names.skipped}
+    pending = names.pending + "/"
+    return sorted(name for name in present if name in wanted or name.startswith(pending))
+
+
+def _refuse_earlier(out: str, present: Collection[str], names: OutputNames) -> None:
+    """Refuse a prefix whose objects show an earlier run a new one would clash with
+    (``parts.earlier_run``, over the names as a folder listing shows them)."""
+    found = earlier_run({name.split("/")[0] for name in present}, names.part)
+    if found is not None:
+        what = "an earlier run" + ("" if names.part is None else f" of part {names.part}")
+        raise WriteError(
+            f"{out}: holds {what} ({found}); pass resume=True (--resume) to continue it, "
+            "or choose another prefix"
+        )
 
 
 @contextmanager
 def staged(
-    out: str, staging: str | None = None, clashes: Callable[[list[str]], bool] | None = None
-) -> Iterator[Staging]:
-    """The folder a writer builds into for the output URL ``out``: ``staging`` (kept, for
-    ``--resume``), or a temporary one removed afterwards; uploaded at the end of the block when
-    marked done. The prefix is listed first: an unreachable store or bad credentials fail
-    before anything is encoded, and so does a prefix whose object names ``clashes`` says hold
-    an earlier run."""
-    present = present_objects(out)
-    if clashes is not None and clashes([url[len(_prefix(out)) :] for url in present]):
-        raise _EarlierRun(
-            f"{out}: holds an earlier run; pass --resume (with its --staging) to continue it, "
-            "or choose another prefix"
-        )
+    out: str, staging: str | None, names: OutputNames, resume: bool
+) -> Iterator[StagedOutput]:
+    """The run (part) ``names`` at the URL prefix ``out``, built in ``staging`` (kept) or in a
+    temporary folder (removed afterwards), with its state fetched; its sidecars go up when the
+    block ends without an error. The prefix is listed before the folder is made (see the module
+    doc): ObjectStoreError, or WriteError for an earlier run without ``resume``."""
+    url = _prefix(out)
+    present = present_objects(url)
+    if not resume:
+        _refuse_earlier(out, present, names)
     folder = staging or tempfile.mkdtemp(prefix="kohakuclip-upload-")
-    os.makedirs(folder, exist_ok=True)
-    stage = Staging(folder)
     try:
+        os.makedirs(folder, exist_ok=True)
+        stage = StagedOutput(folder, out, url, names, present)
+        stage.fetch_state()
         yield stage
-        if stage.done:
-            upload_folder(folder, out, present=present)
+        stage.finish()
     finally:
         if staging is None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def check_staging(out: str, staging: str | None) -> None:
+    """Refuse a staging folder for a local output: ValueError naming both."""
+    if staging is not None and not is_url(out):
+        raise ValueError(
+            f"staging (--staging) is for a URL output (s3://bucket/prefix/ ...) only; {out} is "
+            "a local folder"
+        )
 
 
 def output_arguments(parser: argparse.ArgumentParser) -> None:
     """A writer CLI's ``out`` (a folder or a URL prefix) and ``--staging``."""
     parser.add_argument(
         "out",
-        help="output folder, or a URL prefix (s3://bucket/prefix/ ...: built in --staging, "
-        "then uploaded)",
+        help="output folder, or a URL prefix (s3://bucket/prefix/ ...: built in --staging, each "
+        "shard uploaded once finished, the manifest and settings last)",
     )
     parser.add_argument(
         "--staging",
         default=None,
-        help="local folder a URL output is built in (kept: --resume reuses it and uploads "
-        "only what the bucket lacks; default: a temporary folder)",
+        help="local folder a URL output is built in (it holds the shard in progress and the "
+        "small files; default: a temporary folder); --resume needs no particular one",
     )
 
 
@@ -168,35 +294,31 @@ def nothing_stored(
     return True
 
 
-def staged_main(
+def writer_main(
     parser: argparse.ArgumentParser,
-    write: Callable[[argparse.Namespace, str], int],
+    write: Callable[[argparse.Namespace], int],
     argv: Sequence[str] | None,
     check: Callable[[argparse.Namespace], None] | None = None,
 ) -> int:
-    """A writer CLI (``output_arguments`` in its parser): ``write(args, folder)``, staged.
+    """A writer CLI (``output_arguments`` in its parser): ``write(args)``'s exit status.
 
-    ``check`` validates the options up front (a ValueError is a usage error). Ctrl-C (exit
-    status 130) and SIGTERM (143) stop it after the writer removed its partial files; an output
-    it cannot write is an error naming the path (2)."""
+    ``check`` validates the options up front, as does ``check_staging`` (a ValueError is a usage
+    error). Ctrl-C (exit status 130) and SIGTERM (143) stop it after the writer removed its
+    partial files; an output it cannot write (a local path, an object store) is an error naming
+    it (2)."""
     args = parser.parse_args(argv)
-    if args.staging is not None and not is_url(args.out):
-        parser.error("--staging is for a URL output (s3://bucket/prefix/ ...) only")
-    if check is not None:
-        try:
+    try:
+        check_staging(args.out, args.staging)
+        if check is not None:
             check(args)
-        except ValueError as e:
-            parser.error(str(e))
+    except ValueError as e:
+        parser.error(str(e))
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     if main_thread and previous is None:  # a handler installed outside Python
         previous = signal.SIG_DFL
-    part = Part.parse(args.part) if args.part else None
-    clashes = None if args.resume else partial(holds_run, part=part)
     try:
-        return run_staged(
-            args.out, args.staging, lambda out: write(args, out), parser.prog, clashes
-        )
+        return write(args)
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130
@@ -209,25 +331,3 @@ def staged_main(
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-def run_staged(
-    out: str,
-    staging: str | None,
-    write: Callable[[str], int],
-    prog: str,
-    clashes: Callable[[list[str]], bool] | None = None,
-) -> int:
-    """A CLI writer's run for ``out`` (a local folder, or a URL: staged, then uploaded, also
-    when it stored nothing (exit status 1): its skip log says why); returns its exit status.
-    ``clashes``: see ``staged``."""
-    if not is_url(out):
-        return write(out)
-    try:
-        with staged(out, staging, clashes) as stage:
-            code = write(stage.folder)
-            stage.done = code in (0, 1)
-    except (ObjectStoreError, _EarlierRun) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
-    return code
