@@ -32,6 +32,7 @@ from tests.image_media import (
     write_tar,
     write_zip,
 )
+from tests.paths import run_locked_out
 
 
 def _reference(upright: np.ndarray, max_short: int) -> np.ndarray:
@@ -462,27 +463,14 @@ print(summary.images, summary.skipped)
 
 
 def test_a_folder_the_writer_may_not_list_is_in_the_skip_log(tmp_path):
-    import shutil
-    import subprocess
     import sys
-
-    from tests.paths import child_env
 
     src = tmp_path / "src"
     (src / "locked").mkdir(parents=True)
     Image.fromarray(photo(40, 48, seed=1)).save(src / "ok.png")
     Image.fromarray(photo(40, 48, seed=2)).save(src / "locked" / "hidden.png")
     command = [sys.executable, "-c", UNLISTABLE, str(src), str(tmp_path / "out")]
-    if os.geteuid() == 0:  # root lists anything: run without the capabilities that allow it
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv")
-        drop = "--bounding-set=-dac_override,-dac_read_search"
-        command = ["setpriv", "--inh-caps=-all", drop, *command]
-    (src / "locked").chmod(0)
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=child_env())
-    finally:
-        (src / "locked").chmod(0o755)
+    done = run_locked_out(command, src / "locked", 120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["1", "1"]
     lines = [json.loads(x) for x in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]

@@ -12,6 +12,7 @@ from kohakuclip import ClipError, Reader, SourceError, write_videos
 from kohakuclip.gulp import GulpDirectory
 from kohakuclip.gulp.chunk import ChunkBuilder
 from tests.media import VideoSpec, broken_gulp_copy, frame_rgb, make_video, psnr
+from tests.paths import run_locked_out
 
 
 @pytest.fixture(scope="module")
@@ -215,24 +216,12 @@ for reader in (Reader, ImageReader):
 
 
 def test_a_folder_the_process_may_not_read_is_a_source_error(tmp_path) -> None:
-    import shutil
-    import subprocess
     import sys
 
     locked = tmp_path / "locked"
     locked.mkdir()
     (locked / "a.mp4").write_bytes(b"x")
-    command = [sys.executable, "-c", UNREADABLE, str(locked)]
-    if os.geteuid() == 0:  # root reads anything: run without the capabilities that allow it
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv")
-        drop = "--bounding-set=-dac_override,-dac_read_search"
-        command = ["setpriv", "--inh-caps=-all", drop, *command]
-    locked.chmod(0)
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    finally:
-        locked.chmod(0o755)
+    done = run_locked_out([sys.executable, "-c", UNREADABLE, str(locked)], locked, 120)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert lines == [

@@ -6,8 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tarfile
 from functools import cache
@@ -20,7 +18,7 @@ from kohakuclip import Source, WriteError, write_videos
 from kohakuclip import cli as demo_cli
 from kohakuclip.write import cli, shards
 from tests.media import VideoSpec, make_video
-from tests.paths import child_env
+from tests.paths import run_locked_out
 from tests.writer_media import read_index
 
 FAST = {"codec": "av1", "preset": 12, "progress": False}
@@ -329,16 +327,7 @@ print(result.videos, result.skipped)
 def test_a_folder_the_writer_may_not_list_is_in_the_skip_log(tmp_path) -> None:
     src = make_folder(tmp_path / "src", {"ok.mp4": clip(0), "locked/hidden.mp4": clip(1)})
     command = [sys.executable, "-c", UNLISTABLE, str(src), str(tmp_path / "out")]
-    if os.geteuid() == 0:  # root lists anything: run without the capabilities that allow it
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv")
-        drop = "--bounding-set=-dac_override,-dac_read_search"
-        command = ["setpriv", "--inh-caps=-all", drop, *command]
-    (src / "locked").chmod(0)
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=child_env())
-    finally:
-        (src / "locked").chmod(0o755)
+    done = run_locked_out(command, src / "locked", 240)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["1", "1"]
     assert [r["member"] for r in manifest(tmp_path / "out")] == ["ok.mp4"]
