@@ -41,7 +41,12 @@ from kohakuclip.read.stream import (
     sample_keys,
     sample_rng,
 )
-from kohakuclip.storage.remote import MissingObjectError, ObjectStoreError
+from kohakuclip.storage.remote import (
+    MissingObjectError,
+    ObjectStoreError,
+    adopt_store_environment,
+    store_environment,
+)
 
 __all__ = [
     "REPLACE_ATTEMPTS",
@@ -466,9 +471,18 @@ class BatchDataset(IterableDataset):
         self._reader_pid = -1
 
     def __getstate__(self) -> dict[str, Any]:
+        """Without this process's reader, with its object-storage credentials (see
+        ``__setstate__``)."""
         state = self.__dict__.copy()
         state.update(_reader=None, _reader_pid=-1, _inherited=[])
+        state["_store_environment"] = store_environment()
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """In a worker process: the parent's object-storage variables too, which a forkserver
+        started before the parent set them (e.g. by an earlier loader) would lack."""
+        adopt_store_environment(state.pop("_store_environment", {}))
+        self.__dict__.update(state)
 
     # --- iteration ----------------------------------------------------------------------------
 

@@ -23,8 +23,10 @@ from kohakuclip.gulp.index import GulpIndex, open_remote_gulp
 from kohakuclip.storage.remote import (
     MissingObjectError,
     RemoteObject,
+    adopt_store_environment,
     fetch_ranges,
     open_object,
+    store_environment,
 )
 
 __all__ = ["RemoteFrames", "fetch_label2idx", "open_gulp_url"]
@@ -44,7 +46,13 @@ class RemoteFrames:
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_objects": {}, "_pid": -1}
+        """Without open objects, with this process's object-storage credentials (a forkserver
+        worker may lack them: see ``storage.remote.store_environment``)."""
+        return {**self.__dict__, "_objects": {}, "_pid": -1, "_env": store_environment()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        adopt_store_environment(state.pop("_env", {}))
+        self.__dict__.update(state)
 
     def _object(self, url: str) -> RemoteObject:
         """The object at ``url``, opened in this process (a fork's child opens its own)."""

@@ -33,6 +33,7 @@ __all__ = [
     "MissingObjectError",
     "ObjectStoreError",
     "RemoteObject",
+    "adopt_store_environment",
     "describe_error",
     "fetch_ranges",
     "gather_into",
@@ -43,6 +44,7 @@ __all__ = [
     "open_object",
     "put_object",
     "request_counts",
+    "store_environment",
     "store_for",
     "suffix_of",
 ]
@@ -98,6 +100,23 @@ def _requests_allowed(url: str) -> None:
             "'forkserver' for URL sources)"
         )
     _REQUESTS_MADE = True
+
+
+_STORE_VARIABLES = ("AWS_", "GOOGLE_", "AZURE_")
+"""Prefixes of the environment variables stores take credentials and endpoints from."""
+
+
+def store_environment() -> dict[str, str]:
+    """This process's credential and endpoint variables (``AWS_*``, ``GOOGLE_*``, ``AZURE_*``)
+    as they are now, for a worker process to ``adopt_store_environment``: a forkserver worker
+    starts with the environment its server had when it started, which may predate them."""
+    return {k: v for k, v in os.environ.items() if k.startswith(_STORE_VARIABLES)}
+
+
+def adopt_store_environment(variables: Mapping[str, str]) -> None:
+    """Set ``variables`` (from ``store_environment`` in the parent) in this process, where a
+    worker that has made no request yet reads them when it first opens a store."""
+    os.environ.update(variables)
 
 
 def _count(requests: int, nbytes: int) -> None:
