@@ -7,6 +7,7 @@ the URL."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import tarfile
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import numpy as np
@@ -26,8 +27,9 @@ from kohakuclip.mp4.faststart import faststart
 from kohakuclip.storage.image_listing import ImageSourceError
 from kohakuclip.storage.remote import request_counts
 from kohakuclip.storage.video_listing import SourceError
-from tests.image_media import photo
+from tests.image_media import encode, photo, write_tar, write_zip
 from tests.media import VideoSpec, make_video
+from tests.paths import child_env
 from tests.servers import http_server, s3_server, weed_binary
 
 obstore = pytest.importorskip("obstore")
@@ -488,6 +490,39 @@ def test_datasets_take_urls_in_worker_processes(s3, media):
     local = ImageDataset(media.image_gulp, **images).read_batch(0)
     remote = ImageDataset(f"s3://{BUCKET}/imagegulp/", **images).read_batch(0)
     assert torch.equal(remote, local)
+
+
+FORKSERVER_BEFORE_CREDENTIALS = """
+import json, multiprocessing, os, sys
+import torch
+from kohakuclip.torch import ClipDataset, ClipLoader
+
+url, local, credentials = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+first = multiprocessing.get_context("forkserver").Process(target=print, args=("server up",))
+first.start()  # the forkserver starts now, with this environment
+first.join()
+os.environ.update(credentials)  # set later: e.g. fetched from a secrets manager
+options = dict(batch_size=2, frames=2, size=24, threads=1, seed=2)
+want = ClipDataset(local, **options).read_batch(0)
+for batch in ClipLoader(ClipDataset(url, **options), workers=1, timeout=60):
+    print("same" if torch.equal(batch, want) else "different")
+    break
+"""
+
+
+def test_workers_read_with_credentials_set_after_the_forkserver_started(s3, media):
+    """A forkserver worker starts with the environment its server had; the dataset carries
+    the parent's credential variables to it."""
+    pytest.importorskip("torch")
+    credentials = {k: os.environ[k] for k in _ENV if k in os.environ}
+    env = {k: v for k, v in child_env().items() if k not in credentials}
+    url = f"s3://{BUCKET}/shards/av1.zip"
+    code = [sys.executable, "-c", FORKSERVER_BEFORE_CREDENTIALS, url, media.av1_shard]
+    done = subprocess.run(
+        [*code, json.dumps(credentials)], capture_output=True, text=True, timeout=240, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "same"
 
 
 FORK_AFTER_READING = """
@@ -994,3 +1029,304 @@ def test_image_parts_written_to_a_bucket_then_merged(s3, tmp_path):
     obstore.put(s3, "imageparts/" + shard, _bucket_reader(s3, "imageparts/")(shard) + b"\0")
     with pytest.raises(ImageSourceError, match="changed since `kohakuclip merge`"):
         ImageReader(url)
+
+
+# -- the writers reading their sources from the bucket -----------------------------------------
+
+WRITE_FAST = {"codec": "av1", "preset": 12, "per_shard": 2, "workers": 2, "progress": False}
+
+
+@dataclass(frozen=True)
+class RawVideos:
+    folder: str  # local paths ...
+    tar: str
+    single: str
+    prefix: str  # ... and the same in the bucket
+    tar_url: str
+    single_url: str
+
+
+def _upload_tree(s3, root: str, prefix: str) -> None:
+    """Every file below the local folder ``root`` into the bucket under ``prefix``."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            key = prefix + os.path.relpath(path, root).replace(os.sep, "/")
+            with open(path, "rb") as f:
+                obstore.put(s3, key, f.read())
+
+
+@pytest.fixture(scope="module")
+def raw_videos(s3, tmp_path_factory: pytest.TempPathFactory) -> RawVideos:
+    """Videos as users keep them: a folder tree with sidecars (and a file that is not a video),
+    a tar with a sidecar member, one loose video with its caption; locally and in the bucket."""
+    root = tmp_path_factory.mktemp("raw-videos")
+    folder = root / "tree"
+    (folder / "a").mkdir(parents=True)
+    spec = VideoSpec(width=96, height=64, frames=16, seed=0)
+    make_video(replace(spec, seed=40), str(folder / "a" / "v0.mp4"))
+    (folder / "a" / "v0.json").write_text('{"label": "zero", "caption": "from the json"}')
+    make_video(replace(spec, seed=41), str(folder / "v1.mp4"))
+    (folder / "v1.txt").write_text("the second video\n")
+    make_video(replace(spec, seed=42), str(folder / "v2.mp4"))
+    (folder / "notes.md").write_text("not a video")
+    tar = str(root / "clips.tar")
+    clip = make_video(replace(spec, seed=43))
+    write_tar(tar, {"t0.mp4": clip, "t0.txt": b"a tar member's caption"})
+    single = root / "loose"
+    single.mkdir()
+    make_video(replace(spec, seed=44), str(single / "one.mp4"))
+    (single / "one.txt").write_text("a loose video")
+    _upload_tree(s3, str(folder), "raw-videos/")
+    _upload_tree(s3, str(single), "raw-loose/")
+    with open(tar, "rb") as f:
+        obstore.put(s3, "raw-tars/clips.tar", f.read())
+    base = f"s3://{BUCKET}/"
+    return RawVideos(
+        str(folder),
+        tar,
+        str(single / "one.mp4"),
+        base + "raw-videos/",
+        base + "raw-tars/clips.tar",
+        base + "raw-loose/one.mp4",
+    )
+
+
+def _folder_rows(folder: str) -> list[dict]:
+    return _manifest_rows(_local_reader(folder))
+
+
+def _without_source(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "source"} for row in rows]
+
+
+def _same_files_but_the_manifest(a: str, b: str) -> None:
+    """The two output folders hold the same files, each byte for byte, but manifest.parquet."""
+    assert sorted(os.listdir(a)) == sorted(os.listdir(b))
+    for name in os.listdir(a):
+        if name != "manifest.parquet":
+            assert _local_reader(a)(name) == _local_reader(b)(name), name
+
+
+def test_write_videos_from_a_prefix_a_tar_and_an_object_equal_the_local_files(
+    s3, raw_videos, tmp_path, monkeypatch
+):
+    import tempfile
+
+    from kohakuclip import write_videos
+
+    downloads = tmp_path / "tmp"  # the downloads' temporary files: none left behind
+    downloads.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(downloads))
+    r = raw_videos
+    local = write_videos(tmp_path / "local", [r.folder, r.tar, r.single], **WRITE_FAST)
+    remote = write_videos(tmp_path / "remote", [r.prefix, r.tar_url, r.single_url], **WRITE_FAST)
+    assert (remote.videos, remote.skipped, remote.shards) == (5, 0, local.shards)
+    _same_files_but_the_manifest(str(tmp_path / "local"), str(tmp_path / "remote"))
+    rows = _folder_rows(str(tmp_path / "remote"))
+    assert _without_source(rows) == _without_source(_folder_rows(str(tmp_path / "local")))
+    assert [row["source"] for row in rows] == [
+        r.prefix + "a/v0.mp4",
+        r.prefix + "v1.mp4",
+        r.prefix + "v2.mp4",
+        r.tar_url + "::t0.mp4",
+        r.single_url,
+    ]
+    assert [row["member"] for row in rows] == ["a/v0.mp4", "v1.mp4", "v2.mp4", "t0.mp4", "one.mp4"]
+    assert [row["caption"] for row in rows] == [
+        "from the json", "the second video", None, "a tar member's caption", "a loose video"
+    ]  # fmt: skip
+    assert rows[0]["label"] == "zero"
+    assert not os.listdir(downloads)
+    # a resumed run lists the same sources, in the same order: nothing left to do
+    again = write_videos(
+        tmp_path / "remote", [r.prefix, r.tar_url, r.single_url], resume=True, **WRITE_FAST
+    )
+    assert (again.videos, again.resumed_videos) == (0, 5)
+    # the ffmpeg backend is given the downloaded file
+    pytest.importorskip("imageio_ffmpeg")
+    ffmpeg = {**WRITE_FAST, "backend": "ffmpeg"}
+    write_videos(tmp_path / "ffmpeg-local", [r.single], **ffmpeg)
+    assert write_videos(tmp_path / "ffmpeg-remote", [r.single_url], **ffmpeg).videos == 1
+    _same_files_but_the_manifest(str(tmp_path / "ffmpeg-local"), str(tmp_path / "ffmpeg-remote"))
+    assert not os.listdir(downloads)
+
+
+def test_write_video_parts_from_a_prefix_cover_every_source_once(s3, raw_videos, tmp_path):
+    from kohakuclip.write.cli import main as write_main
+
+    out = str(tmp_path / "parts")
+    for part in ("0/2", "1/2"):
+        assert write_main([out, raw_videos.prefix, "--part", part, *WRITE_ARGS]) == 0
+    sources = []
+    for tag in ("part-00000-of-00002", "part-00001-of-00002"):
+        rows = _manifest_rows(lambda name, tag=tag: _local_reader(out)(f"{tag}.{name}"))
+        assert rows, tag  # each part holds some
+        sources += [row["source"] for row in rows]
+    prefix = raw_videos.prefix
+    assert sources == [prefix + "a/v0.mp4", prefix + "v1.mp4", prefix + "v2.mp4"]
+
+
+def test_write_videos_skip_a_corrupt_or_vanished_object_naming_its_url(s3, raw_videos, tmp_path):
+    import json
+
+    from kohakuclip import write_videos
+    from kohakuclip.write.sources import expand_sources
+
+    with open(os.path.join(raw_videos.folder, "v1.mp4"), "rb") as f:
+        good = f.read()
+    for name, data in (("bad.mp4", b"not a video"), ("gone.mp4", good), ("good.mp4", good)):
+        obstore.put(s3, "corrupt/" + name, data)
+    prefix = f"s3://{BUCKET}/corrupt/"
+    listed = expand_sources([prefix]).sources
+    obstore.delete(s3, "corrupt/gone.mp4")  # after the listing, before its download
+    result = write_videos(tmp_path / "out", listed, **WRITE_FAST)
+    assert (result.videos, result.skipped) == (1, 2)
+    with open(tmp_path / "out" / "skipped.jsonl", encoding="utf-8") as f:
+        skipped = {line["source"]: line["reason"] for line in map(json.loads, f)}
+    assert sorted(skipped) == [prefix + "bad.mp4", prefix + "gone.mp4"]
+    assert skipped[prefix + "bad.mp4"].startswith(prefix + "bad.mp4: cannot open")
+    assert f"{prefix}gone.mp4: no such object" in skipped[prefix + "gone.mp4"]
+
+
+def test_writers_refuse_missing_objects_and_unusable_stores_in_one_line(
+    s3, http, raw_videos, tmp_path, capsys
+):
+    from kohakuclip.write.cli import main as write_main
+    from kohakuclip.write.image_cli import main as write_images_main
+
+    out = str(tmp_path / "out")
+    image_args = ["--max-short", "48", "--min-short", "0", "--no-progress"]
+    cases = [
+        (write_main, raw_videos.prefix + "nope.mp4", "nope.mp4: no such object"),
+        (write_main, f"s3://{BUCKET}/raw-videos", "raw-videos: no such object (a prefix ends"),
+        (write_main, f"s3://{BUCKET}/nothing-here/", "nothing-here/: no objects under this"),
+        (write_main, f"{http[0]}/h264/", "h264/: a plain http(s) prefix cannot be listed"),
+        (write_images_main, f"s3://{BUCKET}/raw-images/nope.jpg", "nope.jpg: no such object"),
+        (write_images_main, f"{http[0]}/photos/", "photos/: a plain http(s) prefix cannot be"),
+    ]
+    for main, url, said in cases:
+        args = WRITE_ARGS if main is write_main else image_args
+        assert main([out, url, *args]) == 2, url
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err, err
+        assert not os.path.exists(out) or not [n for n in os.listdir(out) if "shard" in n]
+    # refused credentials: one line naming the URL and where credentials come from, before
+    # anything is encoded (a child process: this one's store keeps the fixture's credentials)
+    env = _env_with_src()
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        env.pop(name)
+    env["AWS_METADATA_ENDPOINT"] = "http://127.0.0.1:9"  # no instance metadata service here
+    command = [sys.executable, "-m", "kohakuclip.write.cli", out, raw_videos.prefix, *WRITE_ARGS]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=WRITE_TIMEOUT)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert raw_videos.prefix in done.stderr and "AWS_ACCESS_KEY_ID" in done.stderr
+    assert not os.path.exists(out) or not [n for n in os.listdir(out) if "shard" in n]
+
+
+@dataclass(frozen=True)
+class RawImages:
+    local: list[str]  # a folder tree, a tar, a zip, one image ...
+    remote: list[str]  # ... and the same in the bucket
+
+
+@pytest.fixture(scope="module")
+def raw_images(s3, http, tmp_path_factory: pytest.TempPathFactory) -> RawImages:
+    """Images as users keep them (sidecars beside them, in a WebDataset tar, in a zip with
+    deflated members, beside one loose image), locally, in the bucket and (the loose image)
+    by http."""
+    root = tmp_path_factory.mktemp("raw-images")
+    tree = root / "tree"
+    (tree / "sub").mkdir(parents=True)
+
+    def jpeg(seed: int, height: int = 60) -> bytes:
+        return encode(Image.fromarray(photo(height, 80, seed=seed)), "JPEG", quality=90)
+
+    (tree / "0.jpg").write_bytes(jpeg(80))
+    (tree / "0.txt").write_text("  zero \n")
+    Image.fromarray(photo(70, 50, seed=81)).save(tree / "sub" / "1.png")
+    (tree / "sub" / "1.json").write_text('{"tag": "one"}')
+    (tree / "sub" / "1.txt").write_text("one")
+    (tree / "2.jpg").write_bytes(jpeg(82, 90))
+    (tree / "readme.md").write_text("not an image")
+    tar, zipped = str(root / "wds.tar"), str(root / "images.zip")
+    write_tar(tar, {"0000.jpg": jpeg(83), "0000.txt": b"in a tar", "0000.json": b'{"n": 0}'})
+    write_zip(zipped, {"a.jpg": jpeg(84), "a.txt": b"deflated caption"}, deflate=True)
+    loose = root / "loose"
+    loose.mkdir()
+    (loose / "one.jpg").write_bytes(jpeg(85))
+    (loose / "one.json").write_text('{"loose": true}')
+    _upload_tree(s3, str(tree), "raw-images/")
+    _upload_tree(s3, str(loose), "raw-loose-images/")
+    for path, key in ((tar, "raw-wds/wds.tar"), (zipped, "raw-zips/images.zip")):
+        with open(path, "rb") as f:
+            obstore.put(s3, key, f.read())
+    for name in ("one.jpg", "one.json"):
+        http[1].put("/loose/" + name, (loose / name).read_bytes())
+    base = f"s3://{BUCKET}/"
+    return RawImages(
+        [str(tree), tar, zipped, str(loose / "one.jpg")],
+        [
+            base + "raw-images/",
+            base + "raw-wds/wds.tar",
+            base + "raw-zips/images.zip",
+            base + "raw-loose-images/one.jpg",
+        ],
+    )
+
+
+def test_write_images_from_urls_equal_the_local_files(s3, http, raw_images, tmp_path):
+    from kohakuclip import write_images
+
+    options = {"max_short": 48, "min_short": 0, "per_shard": 3, "progress": False}
+    local = write_images(tmp_path / "local", raw_images.local, **options)
+    remote = write_images(tmp_path / "remote", raw_images.remote, **options)
+    assert (remote.images, remote.skipped) == (local.images, local.skipped) == (6, 0)
+    _same_files_but_the_manifest(str(tmp_path / "local"), str(tmp_path / "remote"))
+    rows = _folder_rows(str(tmp_path / "remote"))
+    assert _without_source(rows) == _without_source(_folder_rows(str(tmp_path / "local")))
+    prefix, tar, zipped, single = raw_images.remote
+    assert [row["source"] for row in rows] == [
+        prefix + "0.jpg",
+        prefix + "2.jpg",
+        prefix + "sub/1.png",
+        tar + ":0000.jpg",
+        zipped + ":a.jpg",
+        single,
+    ]
+    assert [row["caption"] for row in rows] == [
+        "zero", None, "one", "in a tar", "deflated caption", None
+    ]  # fmt: skip
+    assert [row["meta"] for row in rows] == [
+        None, None, '{"tag": "one"}', '{"n": 0}', None, '{"loose": true}'
+    ]  # fmt: skip
+    # one image by plain http, its JSON sidecar found beside it
+    by_http = write_images(tmp_path / "http", [f"{http[0]}/loose/one.jpg"], **options)
+    assert by_http.images == 1
+    assert [row["meta"] for row in _folder_rows(str(tmp_path / "http"))] == ['{"loose": true}']
+    # parts of a prefix cover every image once
+    for part in ("0/2", "1/2"):
+        write_images(tmp_path / "parts", [prefix], part=part, **options)
+    sources = []
+    for tag in ("part-00000-of-00002", "part-00001-of-00002"):
+        read = lambda name, tag=tag: _local_reader(str(tmp_path / "parts"))(f"{tag}.{name}")  # noqa: E731
+        sources += [row["source"] for row in _manifest_rows(read)]
+    assert sources == [prefix + "0.jpg", prefix + "2.jpg", prefix + "sub/1.png"]
+
+
+def test_write_images_skip_a_corrupt_object_naming_its_url(s3, tmp_path):
+    import json
+
+    from kohakuclip import write_images
+
+    good = encode(Image.fromarray(photo(60, 80, seed=90)), "JPEG", quality=90)
+    obstore.put(s3, "corrupt-images/bad.jpg", b"not an image")
+    obstore.put(s3, "corrupt-images/good.jpg", good)
+    prefix = f"s3://{BUCKET}/corrupt-images/"
+    options = {"max_short": 48, "min_short": 0, "progress": False}
+    result = write_images(tmp_path / "out", [prefix], **options)
+    assert (result.images, result.skipped) == (1, 1)
+    with open(tmp_path / "out" / "skipped.jsonl", encoding="utf-8") as f:
+        (line,) = map(json.loads, f)
+    assert line["source"] == prefix + "bad.jpg" and line["reason"] == "corrupt"

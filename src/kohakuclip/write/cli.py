@@ -33,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "sources",
         nargs="+",
-        help="video files, folders of videos, tar archives, gulp directories (every id one video)",
+        help="video files, folders of videos, tar archives, gulp directories (every id one "
+        "video), or URLs of videos, tars and prefixes (s3://bucket/videos/: as a folder)",
     )
     p.add_argument("--codec", choices=sorted(ENCODERS), default="av1", help="default: av1")
     defaults = ", ".join(f"{c} {DEFAULT_CRF[c]}" for c in ENCODERS)

@@ -1,23 +1,46 @@
-"""Where source images come from: files, folders with sidecars, WebDataset tars, zip archives.
+"""Where source images come from: files, folders with sidecars, WebDataset tars, zip archives,
+and the same in object storage by URL.
 
 Every source yields ``SourceImage`` items in a stable order, each with a key, a caption (from a
 ``<stem>.txt`` sidecar) and metadata (the text of a ``<stem>.json`` sidecar). Archive members
 are read on demand by offset (deflated zip members are inflated), so nothing is extracted and
 the reads can run on worker threads.
+
+A URL ending in ``/`` is a prefix, listed when the sources are checked (``storage.remote``: every
+image object below it, sorted, as a folder is walked, with the sidecar objects beside each); any
+other URL is one image, tar or zip (HEADed then; an archive's members listed by ranged reads when
+its turn comes). An image object's bytes are fetched when a worker reads it; captions and
+metadata in storage are fetched ``SIDECAR_BATCH`` images at a time, by concurrent ranged GETs, as
+the images are iterated.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import posixpath
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import IMAGE_SUFFIXES
 from kohakuclip.storage.files import open_regular
 from kohakuclip.storage.folder import list_folder
+from kohakuclip.storage.ranged import RangedFile
+from kohakuclip.storage.remote import (
+    MissingObjectError,
+    RemoteObject,
+    fetch_ranges,
+    head_objects,
+    is_url,
+    list_objects,
+    open_object,
+    suffix_of,
+)
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import ArchiveError, Member, list_zip
 
@@ -26,10 +49,13 @@ __all__ = ["ImageInputError", "SourceImage", "iter_sources"]
 
 _CAPTION_SUFFIX = ".txt"
 _META_SUFFIX = ".json"
+SIDECAR_BATCH = 256
+"""Images whose sidecars in object storage are fetched at once (concurrent ranged GETs)."""
 
 
 class ImageInputError(KohakuClipError, ValueError):
-    """A source path that is missing or of an unknown kind, or an archive that cannot be read."""
+    """A source path that is missing or of an unknown kind, an archive that cannot be read, or
+    a plain http(s) prefix (which cannot be listed)."""
 
 
 @dataclass(frozen=True)
@@ -59,20 +85,29 @@ def _kind(path: str) -> str:
 
 
 def iter_sources(paths: list[str | os.PathLike[str]]) -> Iterator[SourceImage]:
-    """Every image of every source, in order; every path is checked now, before any is read."""
-    return _iterate([(os.fspath(p), _kind(os.fspath(p))) for p in paths])
+    """Every image of every source, in order; every path is checked now, before any is read (a
+    URL: its prefix listed or its object found, so that a store that cannot be reached, refused
+    credentials and a missing object raise ``ObjectStoreError`` naming it before anything is
+    encoded)."""
+    checked = [_checked(os.fspath(p)) for p in paths]
+    return itertools.chain.from_iterable(checked)
 
 
-def _iterate(kinds: list[tuple[str, str]]) -> Iterator[SourceImage]:
-    for path, kind in kinds:
-        if kind == "folder":
-            yield from _folder(path)
-        elif kind == "tar":
-            yield from _archive(path, _list_or_fail(list_tar, path))
-        elif kind == "zip":
-            yield from _archive(path, _list_or_fail(list_zip, path))
-        else:
-            yield _file(path, os.path.splitext(os.path.basename(path))[0])
+def _checked(path: str) -> Iterator[SourceImage]:
+    """The images of one source, the source checked now and its images read as iterated."""
+    return _remote(path) if is_url(path) else _local(path, _kind(path))
+
+
+def _local(path: str, kind: str) -> Iterator[SourceImage]:
+    """The images of a local source of ``kind`` (``_kind``), read as iterated."""
+    if kind == "folder":
+        yield from _folder(path)
+    elif kind == "tar":
+        yield from _archive(path, _list_or_fail(list_tar, path))
+    elif kind == "zip":
+        yield from _archive(path, _list_or_fail(list_zip, path))
+    else:
+        yield _file(path, os.path.splitext(os.path.basename(path))[0])
 
 
 def _read_file(path: str) -> Callable[[], bytes]:
@@ -118,11 +153,17 @@ def _unlistable(path: str, reason: str) -> bytes:
     raise OSError(f"{path}: cannot list the folder ({reason})")
 
 
-def _list_or_fail(lister: Callable[[str], list[Member]], path: str) -> list[Member]:
+def _list_or_fail(
+    lister: Callable[[str | RangedFile], list[Member]], path: str | RangedFile
+) -> list[Member]:
     try:
         return lister(path)
     except ArchiveError as e:
         raise ImageInputError(str(e)) from None
+
+
+def _inflated(data: bytes, member: Member) -> bytes:
+    return zlib.decompress(data, -15) if member.compressed else data
 
 
 def _read_member(path: str, member: Member) -> Callable[[], bytes]:
@@ -134,7 +175,7 @@ def _read_member(path: str, member: Member) -> Callable[[], bytes]:
             os.close(fd)
         if len(data) != member.size:
             raise OSError(f"{path}:{member.name}: truncated archive")
-        return zlib.decompress(data, -15) if member.compressed else data
+        return _inflated(data, member)
 
     return read
 
@@ -147,18 +188,21 @@ def _webdataset_key(name: str) -> tuple[str, str]:
     return key, (dot + ext).lower()
 
 
-def _archive(path: str, members: list[Member]) -> Iterator[SourceImage]:
-    """Group an archive's members by WebDataset key; one image per key, sidecars attached."""
+def _groups(members: list[Member]) -> Iterator[tuple[str, Member, Member | None, Member | None]]:
+    """An archive's images by WebDataset key, one per key: (key, image, caption, metadata)."""
     groups: dict[str, dict[str, Member]] = {}
     for member in members:
         key, ext = _webdataset_key(member.name)
         groups.setdefault(key, {}).setdefault(ext, member)
     for key, by_ext in groups.items():
         image = next((m for ext, m in by_ext.items() if ext.endswith(IMAGE_SUFFIXES)), None)
-        if image is None:
-            continue
-        caption = by_ext.get(_CAPTION_SUFFIX)
-        meta = by_ext.get(_META_SUFFIX)
+        if image is not None:
+            yield key, image, by_ext.get(_CAPTION_SUFFIX), by_ext.get(_META_SUFFIX)
+
+
+def _archive(path: str, members: list[Member]) -> Iterator[SourceImage]:
+    """Group an archive's members by WebDataset key; one image per key, sidecars attached."""
+    for key, image, caption, meta in _groups(members):
         caption_text = _read_member(path, caption)().decode("utf-8", "replace") if caption else None
         yield SourceImage(
             key,
@@ -167,3 +211,119 @@ def _archive(path: str, members: list[Member]) -> Iterator[SourceImage]:
             caption_text.strip() if caption_text is not None else None,
             _read_member(path, meta)().decode("utf-8", "replace") if meta else None,
         )
+
+
+_Located = tuple[RemoteObject, Member]
+"""Bytes in object storage: a member of the object (the whole of it: offset 0, its size)."""
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """An image in object storage, its caption and metadata not fetched yet."""
+
+    key: str
+    origin: str
+    read: Callable[[], bytes]
+    caption: _Located | None
+    meta: _Located | None
+
+
+def _remote(url: str) -> Iterator[SourceImage]:
+    """The images the URL names, checked now: a prefix listed, an object HEADed (its sidecar
+    objects too); an archive's members are listed when its turn comes."""
+    if url.endswith("/"):
+        return _with_sidecars(_prefix_images(url))
+    suffix = suffix_of(url)
+    if suffix not in (".tar", ".zip", *IMAGE_SUFFIXES):
+        raise ImageInputError(f"{url}: not an image, a prefix (ending in /), a .tar or a .zip")
+    try:
+        obj = open_object(url)
+    except MissingObjectError:
+        raise MissingObjectError(f"{url}: no such object (a prefix ends with '/')") from None
+    if suffix == ".tar":
+        return _remote_archive(obj, list_tar)
+    if suffix == ".zip":
+        return _remote_archive(obj, list_zip)
+    stem = posixpath.splitext(url)[0]
+    heads = head_objects([stem + _CAPTION_SUFFIX, stem + _META_SUFFIX])
+    key = posixpath.splitext(unquote(posixpath.basename(urlsplit(url).path)))[0]
+    return _with_sidecars([_object_image(obj, key, heads)])
+
+
+def _prefix_images(prefix: str) -> list[_Pending]:
+    """Every image object below the URL ``prefix`` (sorted by URL, as a folder's images are by
+    path; keyed by its name below the prefix), with the sidecar objects beside each. A prefix
+    with no object at all is ``MissingObjectError`` (a typo should not silently drop a folder)."""
+    if prefix.partition("://")[0].lower() in ("http", "https"):
+        raise ImageInputError(
+            f"{prefix}: a plain http(s) prefix cannot be listed: name each image's, tar's or "
+            "zip's URL"
+        )
+    listed = dict(list_objects(prefix))
+    if not listed:
+        raise MissingObjectError(f"{prefix}: no objects under this prefix")
+    return [
+        _object_image(open_object(url, meta=meta), os.path.splitext(url[len(prefix) :])[0], listed)
+        for url, meta in listed.items()
+        if url.lower().endswith(IMAGE_SUFFIXES) and not posixpath.basename(url).startswith(".")
+    ]
+
+
+def _object_image(
+    obj: RemoteObject, key: str, entries: Mapping[str, Mapping[str, Any]]
+) -> _Pending:
+    """An image object, with the ``<stem>.txt`` / ``<stem>.json`` objects beside it among
+    ``entries`` (URL -> listing entry or HEAD answer)."""
+    stem = posixpath.splitext(obj.url)[0]
+
+    def beside(suffix: str) -> _Located | None:
+        entry = entries.get(stem + suffix)
+        if entry is None:
+            return None
+        url = stem + suffix
+        return open_object(url, meta=entry), Member(url, 0, int(entry["size"]))
+
+    whole = Member(obj.url, 0, obj.size)
+    read = partial(_read_remote, obj, whole)
+    return _Pending(key, obj.url, read, beside(_CAPTION_SUFFIX), beside(_META_SUFFIX))
+
+
+def _remote_archive(
+    obj: RemoteObject, lister: Callable[[str | RangedFile], list[Member]]
+) -> Iterator[SourceImage]:
+    """A tar or zip in object storage as ``_archive`` takes a local one (listed by ranged
+    reads when its turn comes)."""
+    yield from _with_sidecars(
+        _Pending(
+            key,
+            f"{obj.url}:{image.name}",
+            partial(_read_remote, obj, image),
+            None if caption is None else (obj, caption),
+            None if meta is None else (obj, meta),
+        )
+        for key, image, caption, meta in _groups(_list_or_fail(lister, obj))
+    )
+
+
+def _read_remote(obj: RemoteObject, member: Member) -> bytes:
+    """A member's bytes (inflated where deflated) by one ranged GET: ``ObjectStoreError``, an
+    OSError naming the URL, when it cannot be read."""
+    return _inflated(obj.read(member.offset, member.size), member)
+
+
+def _with_sidecars(pending: Iterable[_Pending]) -> Iterator[SourceImage]:
+    """The images with their captions and metadata, fetched ``SIDECAR_BATCH`` images at a time
+    (one ``fetch_ranges``: concurrent ranged GETs)."""
+    items = iter(pending)
+    while batch := list(itertools.islice(items, SIDECAR_BATCH)):
+        wanted = [s for p in batch for s in (p.caption, p.meta) if s is not None]
+        fetched = fetch_ranges([(obj, m.offset, m.offset + m.size) for obj, m in wanted])
+        texts = iter(
+            _inflated(bytes(data), m).decode("utf-8", "replace")
+            for (_, m), data in zip(wanted, fetched)
+        )
+        for p in batch:
+            caption = next(texts) if p.caption is not None else None
+            meta = next(texts) if p.meta is not None else None
+            caption = caption.strip() if caption is not None else None
+            yield SourceImage(p.key, p.origin, p.read, caption, meta)

@@ -19,6 +19,7 @@ every part as a Ray task (``write.ray_launcher``) and merges them (``write.merge
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
@@ -254,16 +255,18 @@ def _encoder(backend: Backend) -> Encoder:
 def _prepare_one(
     source: Source, settings: EncodeSettings, encoder: Encoder, stop: threading.Event
 ) -> tuple[EncodedVideo, dict[str, Any]]:
-    """Worker: labels first (cheap, may fail), then load and encode (gulp videos: from their
+    """Worker: labels first (small, may fail), then open (a video in object storage:
+    downloaded into a temporary file, deleted once encoded) and encode (gulp videos: from their
     frames, in process whatever the backend); ``stop`` abandons the encode."""
     labels = source.labels()
     if source.gulp is not None:
         return encode_gulp_video(source.gulp, settings, source.origin, stop=stop), labels
-    try:
-        data = source.load()
-    except OSError as e:
-        raise EncodeError(f"{source.origin}: cannot read ({e.strerror or e})") from None
-    return encoder(data, settings, source.origin, stop=stop), labels
+    with contextlib.ExitStack() as opened:
+        try:
+            data = opened.enter_context(source.opened())
+        except OSError as e:
+            raise EncodeError(f"{source.origin}: cannot read ({e.strerror or e})") from None
+        return encoder(data, settings, source.origin, stop=stop), labels
 
 
 def _in_order(
@@ -443,7 +446,9 @@ def write_videos(
         out: the output folder, or a URL prefix (``s3://bucket/prefix/`` ...): built in
             ``staging``, each shard uploaded once finished, the sidecars last (``write.upload``).
         sources: video files, folders, tar archives, gulp directories, ``(name, bytes)`` pairs
-            or ``Source`` objects.
+            or ``Source`` objects; URLs of video objects, of tars and of prefixes (ending in
+            ``/``: every video below it, with its sidecars, as a folder), each video downloaded
+            when a worker takes it (see ``write.sources``).
         codec: ``av1`` (SVT-AV1), ``h264`` (libx264) or ``hevc`` (libx265).
         crf: the encoder's CRF (default per codec: AV1 36, H.264 23, HEVC 28).
         gop: frames per closed GOP (a keyframe every ``gop`` frames).
@@ -473,7 +478,8 @@ def write_videos(
     Raises:
         WriteError: ``out`` holds an earlier run (without ``resume``, or with other settings).
         ValueError: an invalid setting.
-        ObjectStoreError: a URL output that cannot be listed or written.
+        ObjectStoreError: a URL output that cannot be listed or written, a source URL whose
+            store cannot be reached or that names no object.
     """
     out = os.fspath(out)
     stage = os.fspath(staging) if staging is not None else None
