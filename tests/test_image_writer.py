@@ -222,6 +222,67 @@ def test_short_side_capped_never_upscaled_and_min_short():
     assert err.value.reason == "too small" and "500x300" in str(err.value)
 
 
+# --- source formats, through the writer -------------------------------------------------------
+
+FORMAT_MAX_SHORT = 96
+
+
+def _source_file(kind: str, pixels: np.ndarray) -> tuple[str, bytes]:
+    """A source image file (name, bytes) of ``kind`` showing ``pixels``: for "gif", as its first
+    of two frames; for "alpha", with a transparent left third and a half-transparent band."""
+    image = Image.fromarray(pixels)
+    if kind == "gif":
+        other = Image.fromarray(photo(*pixels.shape[:2], seed=99))
+        first, second = (im.quantize(256, dither=Image.Dither.NONE) for im in (image, other))
+        return "a.gif", encode(first, "GIF", save_all=True, append_images=[second], duration=100)
+    if kind == "avif":
+        return "a.avif", encode(image, "AVIF", quality=90)
+    if kind == "jxl":
+        pytest.importorskip("pillow_jxl")
+        return "a.jxl", encode(image, "JXL", quality=90)
+    if kind == "cmyk":
+        return "a.jpg", encode(image.convert("CMYK"), "JPEG", quality=95)
+    alpha = np.full(pixels.shape[:2], 255, np.uint8)
+    width = pixels.shape[1]
+    alpha[:, : width // 3] = 0
+    alpha[: pixels.shape[0] // 2, width // 3 : 2 * width // 3] = 128
+    return "a.png", encode(Image.fromarray(np.dstack([pixels, alpha]), "RGBA"), "PNG")
+
+
+def _pillow_reference(data: bytes, frame: int = 0) -> np.ndarray:
+    """Pillow's own decode of ``data`` (its ``frame``), composited onto white and resized as the
+    writer resizes: what the stored image should show, up to the JPEG error."""
+    image = Image.open(io.BytesIO(data))
+    image.seek(frame)
+    rgba = np.asarray(image.convert("RGBA")).astype(np.float64)
+    a = rgba[..., 3:] / 255
+    flat = np.round(rgba[..., :3] * a + 255 * (1 - a)).astype(np.uint8)
+    return _reference(flat, FORMAT_MAX_SHORT)
+
+
+@pytest.mark.parametrize("kind", ["gif", "avif", "jxl", "cmyk", "alpha"])
+def test_source_formats_are_stored_as_pillow_decodes_them(kind, tmp_path):
+    name, data = _source_file(kind, photo(150, 210, seed=40))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / name).write_bytes(data)
+    out = tmp_path / "out"
+    summary = write_images(
+        out, [tmp_path / "src"], quality=95, max_short=FORMAT_MAX_SHORT, min_short=0, progress=False
+    )
+    assert (summary.images, summary.skipped) == (1, 0)
+    (row,) = pq.read_table(out / "manifest.parquet").to_pylist()
+    assert (row["width"], row["height"], row["source_width"], row["source_height"]) == (
+        134, 96, 210, 150
+    )  # fmt: skip
+    with zipfile.ZipFile(out / row["shard"]) as z:
+        stored = _decode(z.read(row["member"]))
+    assert psnr(stored, _pillow_reference(data)) >= 35
+    if kind == "gif":  # the first frame is stored, not the second
+        assert psnr(stored, _pillow_reference(data, frame=1)) < 20
+    if kind == "alpha":  # the transparent third (away from its edge) is white
+        assert stored[:, :32].min() >= 245
+
+
 # --- other storage codecs ---------------------------------------------------------------------
 
 

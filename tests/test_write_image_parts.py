@@ -1,6 +1,6 @@
 """``kohakuclip-write-images --part I/N``: parts merged equal a single run, re-runs give the same
-bytes, ``--resume`` keeps a finished part, and ImageReader over the dataset view equals the
-listed shards."""
+bytes, ``--resume`` keeps a finished part, ImageReader over the dataset view equals the listed
+shards, and ``--ray`` (a local Ray) writes the same parts and merges them."""
 
 from __future__ import annotations
 
@@ -172,3 +172,50 @@ def test_a_video_reader_refuses_an_image_view_and_a_bad_view_is_named(parts, tmp
     (copy / "dataset.json").write_text("{}")
     with pytest.raises(ValueError, match=r"dataset\.json"):
         ImageReader(copy)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A real local Ray cluster with 2 CPUs for this module's Ray tests, shut down after them."""
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _files(out: Path, pattern: str) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob(pattern))}
+
+
+@pytest.mark.timeout(300)
+def test_ray_stores_the_same_images_as_the_parts(local_ray, images, parts, tmp_path, capsys):
+    args = [str(tmp_path), str(images), "--ray", "--ray-parts", "2", "--max-short", "64"]
+    args += ["--min-short", "32", "--per-shard", "2", "--workers", "1"]
+    assert image_cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert "6/6" in err  # one bar over both tasks: 5 images and the one too small
+    assert "5 images in 3 shards, 1 skipped" in err
+    rows = pq.read_table(tmp_path / "manifest.parquet").to_pylist()
+    assert rows == pq.read_table(parts / "manifest.parquet").to_pylist()
+    assert _files(tmp_path, "part-*") == _files(parts, "part-*")  # shards, manifests, records
+    for name in ("skipped.jsonl", "dataset.json"):
+        assert (tmp_path / name).read_bytes() == (parts / name).read_bytes(), name
+    with pytest.raises(WriteError, match="earlier run"):
+        write_images(tmp_path, [images], ray=True, ray_parts=2, **FAST)
+
+
+@pytest.mark.timeout(300)
+def test_a_resumed_ray_run_keeps_a_finished_part(local_ray, images, parts, tmp_path) -> None:
+    write_images(tmp_path, [images], part="0/3", **FAST)  # not the split 2 CPUs would choose
+    kept = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("part-00000-of-00003.*")}
+    summary = write_images(tmp_path, [images], ray=True, resume=True, **FAST)  # the split it had
+    assert (summary.images, summary.skipped, len(summary.shards)) == (5, 1, 3)
+    assert {name: (tmp_path / name).stat().st_mtime_ns for name in kept} == kept
+    assert len(list(tmp_path.glob("part-0000[12]-of-00003.manifest.parquet"))) == 2
+    assert _stored(tmp_path) == _stored(parts)  # the same image bytes, however split
+    with pytest.raises(ValueError, match="part or ray"):
+        write_images(tmp_path, [images], part="0/2", ray=True, **FAST)
+    with pytest.raises(ValueError, match="needs ray"):
+        write_images(tmp_path, [images], ray_parts=2, **FAST)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from kohakuclip._argtypes import positive_int
 from kohakuclip.write.merge import MergeError
 from kohakuclip.write.parts import Part, part_argument
+from kohakuclip.write.ray_launcher import ray_arguments
 from kohakuclip.write.settings import DEFAULT_CRF, DEFAULT_PRESET, ENCODERS, EncodeSettings
 from kohakuclip.write.shards import WriteError, check_ray_options, write_videos
 from kohakuclip.write.upload import nothing_stored, output_arguments, skip_log, writer_main
@@ -84,17 +85,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--resume", action="store_true", help="continue an earlier run (or part) in OUT")
     part_argument(p, "write", "sources")
-    p.add_argument(
-        "--ray",
-        action="store_true",
-        help="run the parts as Ray tasks on $RAY_ADDRESS's cluster (or a local Ray), then merge",
-    )
-    p.add_argument(
-        "--ray-parts",
-        type=positive_int,
-        default=None,
-        help="parts (tasks) for --ray (default: the cluster's CPUs / --workers)",
-    )
+    ray_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from kohakuclip._argtypes import positive_int
 from kohakuclip.write.image_codecs import CODEC_ALIASES, JPEG_ENCODERS, STORAGE_CODECS
 from kohakuclip.write.images import check_options, write_images
+from kohakuclip.write.merge import MergeError
 from kohakuclip.write.parts import Part, part_argument
-from kohakuclip.write.shards import WriteError
+from kohakuclip.write.ray_launcher import ray_arguments
+from kohakuclip.write.shards import WriteError, check_ray_options
 from kohakuclip.write.upload import nothing_stored, output_arguments, skip_log, writer_main
 
 __all__ = ["main"]
@@ -26,7 +28,12 @@ def _parser() -> argparse.ArgumentParser:
         "manifest.parquet, skipped.jsonl and encoding.json.",
     )
     output_arguments(p)
-    p.add_argument("sources", nargs="+", help="image files, folders, .tar or .zip archives")
+    p.add_argument(
+        "sources",
+        nargs="+",
+        help="image files, folders, .tar or .zip archives, or their URLs (s3://bucket/images/: "
+        "a prefix, as a folder)",
+    )
     p.add_argument("--quality", type=int, default=70, help="0-100 (default 70)")
     p.add_argument("--max-short", type=int, default=512, help="cap of the short side (0: none)")
     p.add_argument(
@@ -37,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         "--workers",
         type=positive_int,
         default=None,
-        help="encoding threads (default: the usable CPUs)",
+        help="encoding threads (default: the usable CPUs; with --ray: per task, default 1)",
     )
     p.add_argument(
         "--codec",
@@ -59,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="continue an earlier run (or part) in OUT, keeping its finished shards",
     )
+    ray_arguments(p)
     return p
 
 
@@ -71,6 +79,7 @@ def _check(args: argparse.Namespace) -> None:
     check_options(args.quality, args.max_short, args.min_short, args.codec, args.jpeg_encoder)
     if args.part is not None:
         Part.parse(args.part)
+    check_ray_options(args.ray, args.part, args.ray_parts, args.staging)
 
 
 def _write(args: argparse.Namespace) -> int:
@@ -90,8 +99,10 @@ def _write(args: argparse.Namespace) -> int:
             part=args.part,
             resume=args.resume,
             staging=args.staging,
+            ray=args.ray,
+            ray_parts=args.ray_parts,
         )
-    except (WriteError, ValueError) as e:
+    except (WriteError, MergeError, ImportError, ValueError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     log = skip_log(args.out, args.part)

@@ -9,7 +9,8 @@ with the reason) and ``encoding.json`` (the settings) beside them.
 
 ``part="I/N"`` stores only the I-th contiguous block of the images sorted by origin, into files
 named after the part (``write.parts``; its record is ``part-...encoding.json``), so parts run
-on many machines fill one folder; ``kohakuclip merge`` then writes the dataset view. With
+on many machines fill one folder; ``kohakuclip merge`` then writes the dataset view
+(``ray=True`` runs every part as a Ray task and merges them: ``write.ray_launcher``). With
 ``resume=True`` a run (or part) whose record says it finished is kept as it is; an unfinished
 one keeps its finished shards and encodes only the images they do not hold (those skipped
 before them are tried again, so the skip log comes out whole). ``out_dir`` may be a URL prefix:
@@ -25,7 +26,7 @@ import json
 import os
 import shutil
 from collections import deque
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO
@@ -49,6 +50,7 @@ from kohakuclip.write.image_codecs import (
 from kohakuclip.write.image_prepare import Backend, ImageSkip, prepare
 from kohakuclip.write.image_sources import SourceImage, iter_sources
 from kohakuclip.write.parts import OutputNames, Part, earlier_run
+from kohakuclip.write.shards import check_ray_options
 from kohakuclip.write.upload import Output, WriteError, check_staging, staged
 
 __all__ = [
@@ -308,6 +310,8 @@ def write_images(
     part: Part | str | None = None,
     resume: bool = False,
     staging: str | os.PathLike[str] | None = None,
+    ray: bool = False,
+    ray_parts: int | None = None,
 ) -> WriteSummary:
     """Encode every image of ``sources`` into stored zip shards (KCIMG1 index) in ``out_dir``,
     with ``manifest.parquet``, ``skipped.jsonl`` and ``encoding.json`` beside them.
@@ -315,12 +319,13 @@ def write_images(
     Args:
         out_dir: the output folder, or a URL prefix (``s3://bucket/prefix/`` ...): built in
             ``staging``, each shard uploaded once finished, the sidecars last (``write.upload``).
-        sources: image files, folders (with ``.txt`` / ``.json`` sidecars), tars, zips.
+        sources: image files, folders (with ``.txt`` / ``.json`` sidecars), tars, zips; or
+            their URLs (a prefix ending in ``/`` taken as a folder; see ``write.image_sources``).
         quality: encoder quality, 0-100.
         max_short: cap on the short side (0: none), never upscaled.
         min_short: images whose short side is smaller are skipped.
         per_shard: images per shard.
-        workers: encoding threads (default: the usable CPUs).
+        workers: encoding threads (default: the usable CPUs; with ``ray``: per task, default 1).
         codec: the stored format: ``jpeg``, ``avif`` (raw AV1 OBUs of an intra frame; ``av1``
             names it too), ``jxl`` (``kohakuclip[jxl]``) or ``webp``.
         jpeg_encoder: ``tuned`` (smallest at equal quality), ``turbo`` (fastest) or ``jpegli``
@@ -333,13 +338,17 @@ def write_images(
             unfinished one keeps its finished shards (of a URL output: those in the bucket,
             whatever ``staging``).
         staging: the local folder a URL output is built in (default: a temporary folder,
-            removed afterwards).
+            removed afterwards; not with ``ray``: each task stages its part on its node).
+        ray: run the job as Ray tasks, one per part, on the cluster ``RAY_ADDRESS`` names (or a
+            local Ray), then ``merge`` them (``write.ray_launcher``); needs ``kohakuclip[ray]``.
+        ray_parts: parts (tasks) for ``ray`` (default: the cluster's CPUs / ``workers``).
 
     Raises:
         WriteError: ``out_dir`` holds an earlier run (without ``resume``, or with other
             settings).
         ValueError: an invalid setting, or a codec whose package is missing.
-        ObjectStoreError: a URL output that cannot be listed or written.
+        ObjectStoreError: a URL output that cannot be listed or written, a source URL whose
+            store cannot be reached or that names no object.
     """
     codec = check_options(quality, max_short, min_short, codec, jpeg_encoder)
     if per_shard < 1:
@@ -351,14 +360,45 @@ def write_images(
     out = os.fspath(out_dir)
     stage = os.fspath(staging) if staging is not None else None
     check_staging(out, stage)
+    check_ray_options(ray, part, ray_parts, stage)
     settings = _Settings(codec, quality, max_short, min_short, jpeg_encoder, backend, per_shard)
-    workers = workers or usable_cpus()
-    names = OutputNames(Part.parse(part) if part is not None else None)
-    items = iter_sources(list(sources))
-    if not is_url(out):
-        return _write_run(Output(out), items, settings, names, workers, progress, resume)
-    with staged(out, stage, names, resume) as target:
-        return _write_run(target, items, settings, names, workers, progress, resume)
+    job = _ImageJob(settings, workers)
+    if ray:
+        from kohakuclip.write.ray_launcher import write_images_on_ray
+
+        return write_images_on_ray(out, list(sources), job, resume, progress, ray_parts)
+    parsed = Part.parse(part) if part is not None else None
+    return job.write(out, sources, parsed, resume, progress, stage)
+
+
+@dataclass(frozen=True)
+class _ImageJob:
+    """The settings of one ``write_images`` job, shared by all of its parts (picklable: a Ray
+    task gets a copy, ``write.ray_launcher``)."""
+
+    settings: _Settings
+    workers: int | None
+
+    def write(
+        self,
+        out: str,
+        sources: Iterable[str | os.PathLike[str]],
+        part: Part | None,
+        resume: bool,
+        progress: bool,
+        staging: str | None = None,
+        on_item: Callable[[], None] | None = None,
+    ) -> WriteSummary:
+        """Write the whole job (``part`` None) or one part of it into ``out``: a folder, or a
+        URL prefix built in ``staging`` (None: a temporary folder) and uploaded shard by
+        shard. ``on_item`` is called after each image stored or skipped (Ray's progress)."""
+        names = OutputNames(part)
+        items = iter_sources(list(sources))  # every path checked before the output is touched
+        run = (self.settings, names, self.workers or usable_cpus(), progress, resume, on_item)
+        if not is_url(out):
+            return _write_run(Output(out), items, *run)
+        with staged(out, staging, names, resume) as target:
+            return _write_run(target, items, *run)
 
 
 def _write_run(
@@ -369,6 +409,7 @@ def _write_run(
     workers: int,
     progress: bool,
     resume: bool,
+    on_item: Callable[[], None] | None,
 ) -> WriteSummary:
     """The run (part) ``names`` into ``target``'s folder: refused over another run, kept when
     it finished (``resume``), else written after the shards an unfinished one kept."""
@@ -391,7 +432,7 @@ def _write_run(
     )
     _clear(out, names, [os.path.basename(p) for p in summary.shards])
     todo = (item for item in items if item.origin not in done)
-    _encode(target, todo, settings, names, workers, progress, summary)
+    _encode(target, todo, settings, names, workers, progress, summary, on_item)
     _finish_run(out, names, settings, summary)
     return summary
 
@@ -404,9 +445,11 @@ def _encode(
     workers: int,
     progress: bool,
     summary: WriteSummary,
+    on_item: Callable[[], None] | None,
 ) -> None:
     """Encode ``items`` and pack them into shards after those in ``summary`` (which counts
-    them); the skip log is renamed into place when every item is done."""
+    them); the skip log is renamed into place when every item is done. ``on_item`` is called
+    after each item."""
     out = target.folder
     with (
         replacing(os.path.join(out, names.skipped)) as skipped,
@@ -418,6 +461,8 @@ def _encode(
         try:
             for item, result in results:
                 bar.update(1)
+                if on_item is not None:
+                    on_item()
                 if isinstance(result, ImageSkip):
                     line = {"source": item.origin, "key": item.key, "reason": result.reason}
                     line["detail"] = result.detail

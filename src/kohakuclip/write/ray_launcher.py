@@ -1,5 +1,5 @@
 """Run a write job's parts as Ray tasks: ``write_videos(..., ray=True)``, ``kohakuclip-write
---ray``.
+--ray``, and ``write_images(..., ray=True)``, ``kohakuclip-write-images --ray``.
 
 The driver connects to the cluster ``RAY_ADDRESS`` names, or starts a local Ray when none is
 set, and submits one task per part (``part=I/N`` of the same job into the same output). The
@@ -7,34 +7,40 @@ output is a folder every node must see (a shared file system), or a URL prefix: 
 builds its part in a temporary folder on its own node and uploads it (``write.upload``), and
 nothing is staged on the driver. A task whose worker dies, or that fails with an OSError, is
 retried (with ``resume``: a retry keeps the part's finished shards, for a URL those in the
-bucket; a settings mismatch is not retried); the tasks report each video to a small actor, and
-the driver shows one progress bar over the cluster. When every part is done the output is merged
-(``write.merge``; at a URL prefix, by ranged reads).
+bucket; a settings mismatch is not retried); the tasks report each video (image) to a small
+actor, and the driver shows one progress bar over the cluster. When every part is done the
+output is merged (``write.merge``; at a URL prefix, by ranged reads).
+
+Both writers share all of this (``_run_parts``); each gives its job (``RayJob``: the settings,
+picklable, with the ``write`` its parts run) and sums its parts' results.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
 import re
 import uuid
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from tqdm import tqdm
 
+from kohakuclip._argtypes import positive_int
 from kohakuclip.formats import ENCODING_FILE
 from kohakuclip.storage.remote import is_url
 from kohakuclip.write.merge import merge
 from kohakuclip.write.parts import Part, holds_run
-from kohakuclip.write.sources import Source, expand_sources
+from kohakuclip.write.sources import expand_sources
 from kohakuclip.write.upload import WriteError, present_objects
 
 if TYPE_CHECKING:
+    from kohakuclip.write.images import WriteSummary, _ImageJob
     from kohakuclip.write.shards import WriteResult, _Job
 
-__all__ = ["write_on_ray"]
+__all__ = ["RayJob", "ray_arguments", "write_images_on_ray", "write_on_ray"]
 
 
 TASK_RETRIES = 3
@@ -44,6 +50,51 @@ _POLL_SECONDS = 0.5
 _COUNTER_NAME = "kohakuclip-write-progress"
 _PART_TAG_RE = re.compile(r"^\.?part-\d+-of-(\d+)\.")
 """A part's file (or pending folder) name; group 1 is the job's part count."""
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class RayJob(Protocol[R_co]):
+    """A writer's job as the launcher runs it: a dataclass of its settings (picklable: every
+    task gets a copy) with ``workers`` (threads per task, set by the launcher) and the ``write``
+    of one part (``kohakuclip.write.shards._Job``, ``kohakuclip.write.images._ImageJob``)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def workers(self) -> int | None: ...
+
+    def write(
+        self,
+        out: str,
+        sources: Sequence[Any],
+        part: Part | None,
+        resume: bool,
+        progress: bool,
+        staging: str | None,
+        on_item: Callable[[], None] | None,
+        /,
+    ) -> R_co:
+        """Write ``part`` of the job into ``out`` (a URL: staged in ``staging``, None: a
+        temporary folder), calling ``on_item`` after each source stored or skipped."""
+        ...
+
+
+def ray_arguments(parser: argparse.ArgumentParser) -> None:
+    """A writer CLI's ``--ray`` and ``--ray-parts`` (``shards.check_ray_options`` checks them
+    against ``--part`` and ``--staging``)."""
+    parser.add_argument(
+        "--ray",
+        action="store_true",
+        help="run the parts as Ray tasks on $RAY_ADDRESS's cluster (or a local Ray), then merge",
+    )
+    parser.add_argument(
+        "--ray-parts",
+        type=positive_int,
+        default=None,
+        help="parts (tasks) for --ray (default: the cluster's CPUs / --workers)",
+    )
 
 
 def _ray() -> Any:
@@ -66,7 +117,8 @@ def _connect(ray: Any) -> bool:
 
 
 class _Counter:
-    """Videos done per job across the cluster (one Ray actor per driver, reused by its jobs)."""
+    """Sources done (videos, images) per job across the cluster (one Ray actor per driver,
+    reused by its jobs)."""
 
     def __init__(self) -> None:
         self.done: dict[str, int] = {}
@@ -82,33 +134,35 @@ class _Counter:
 
 
 def _run_part(
-    job: _Job,
+    job: RayJob[R],
     out: str,
-    sources: Sequence[str | Source | tuple[str, bytes]],
+    sources: Sequence[Any],
     part: Part,
     counter: Any,
     key: str,
-) -> WriteResult:
+) -> R:
     """One Ray task: write ``part`` (resuming whatever an earlier attempt finished; a URL
-    output staged in a temporary folder of this node)."""
-    return job.write(
-        out, sources, part, resume=True, progress=False, on_video=lambda: counter.add.remote(key)
-    )
+    output staged in a temporary folder of this node), counting each source on ``counter``."""
+    return job.write(out, sources, part, True, False, None, lambda: counter.add.remote(key))
 
 
 def _earlier_job(out: str) -> tuple[bool, int | None]:
     """Whether ``out`` holds an earlier run, and the parts it was split into (None: unknown).
-    A folder tells by its ``encoding.json`` (written first); a URL prefix by its objects (the
-    sidecars go up last, a part's files and pending rows as it goes)."""
+    A folder or a URL prefix tells by the names in it (``parts.holds_run``; a part's files and
+    pending rows are named after it and the job's part count, and a URL's sidecars go up last);
+    a folder's ``encoding.json`` from the video writer (written first) records the count too."""
     if is_url(out):
         names = {name.split("/")[0] for name in present_objects(out)}
-        counts = {int(m.group(1)) for m in map(_PART_TAG_RE.match, names) if m}
-        return holds_run(names, None), counts.pop() if len(counts) == 1 else None
-    settings = os.path.join(out, ENCODING_FILE)
-    if not os.path.exists(settings):
-        return False, None
-    with open(settings, "rb") as f:
-        return True, json.load(f).get("parts")
+    else:
+        names = set(os.listdir(out)) if os.path.isdir(out) else set()
+    counts = {int(m.group(1)) for m in map(_PART_TAG_RE.match, names) if m}
+    split = counts.pop() if len(counts) == 1 else None
+    if ENCODING_FILE in names and not is_url(out):
+        with open(os.path.join(out, ENCODING_FILE), "rb") as f:
+            recorded = json.load(f)
+        parts = recorded.get("parts") if isinstance(recorded, dict) else None
+        split = parts if isinstance(parts, int) else split
+    return holds_run(names, None), split
 
 
 _remote_parts: dict[int, Any] = {}
@@ -122,18 +176,19 @@ def _part_task(ray: Any, cpus: int) -> Any:
     return _remote_parts[cpus]
 
 
-def write_on_ray(
+def _run_parts(
     out: str,
-    sources: list[Any],
-    job: _Job,
+    sources: Sequence[Any],
+    job: RayJob[R],
     resume: bool,
     progress: bool,
     parts: int | None,
-) -> WriteResult:
-    """Write the job as ``parts`` Ray tasks into ``out`` (a folder or a URL prefix), then merge
-    it; see the module doc."""
-    from kohakuclip.write.shards import WriteResult
-
+    total: int,
+    unit: str,
+) -> list[R]:
+    """Write ``job`` as ``parts`` Ray tasks into ``out`` (a folder or a URL prefix), then merge
+    it; see the module doc. Returns the parts' results (in the order they finished); the
+    progress bar counts ``total`` sources, in ``unit``."""
     ray = _ray()
     sources = [os.fspath(s) if isinstance(s, os.PathLike) else s for s in sources]
     earlier, split = _earlier_job(out)
@@ -147,7 +202,6 @@ def write_on_ray(
             parts = split
     if parts is not None and parts < 1:
         raise ValueError(f"ray_parts must be at least 1, got {parts}")
-    total = len(expand_sources(sources, job.gulp_fps).sources)
     started = _connect(ray)
     try:
         per_task = max(1, job.workers or 1)
@@ -165,8 +219,8 @@ def write_on_ray(
         pending = [
             task.remote(job, out, sources, Part(i, parts), counter, key) for i in range(parts)
         ]
-        results: list[WriteResult] = []
-        bar = tqdm(total=total, unit="video", disable=not progress, dynamic_ncols=True)
+        results: list[R] = []
+        bar = tqdm(total=total, unit=unit, disable=not progress, dynamic_ncols=True)
         try:
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1, timeout=_POLL_SECONDS)
@@ -183,12 +237,54 @@ def write_on_ray(
         if started:
             ray.shutdown()
     merge(out)
+    return results
+
+
+def write_on_ray(
+    out: str,
+    sources: list[Any],
+    job: _Job,
+    resume: bool,
+    progress: bool,
+    parts: int | None,
+) -> WriteResult:
+    """``write_videos(..., ray=True)``: the video ``job`` as ``parts`` Ray tasks into ``out``
+    (a folder or a URL prefix), merged; the parts' results summed."""
+    from kohakuclip.write.shards import WriteResult
+
+    total = len(expand_sources(sources, job.gulp_fps).sources)
+    results = _run_parts(out, sources, job, resume, progress, parts, total, "video")
     combined = WriteResult(out)
-    for r in sorted(results, key=lambda r: r.shards):
+    for r in sorted(results, key=lambda r: r.shards):  # the seconds summed in a fixed order
         combined.shards.extend(r.shards)
         combined.videos += r.videos
         combined.skipped += r.skipped
         combined.seconds += r.seconds
         combined.resumed_videos += r.resumed_videos
+    combined.shards.sort()
+    return combined
+
+
+def write_images_on_ray(
+    out: str,
+    sources: list[Any],
+    job: _ImageJob,
+    resume: bool,
+    progress: bool,
+    parts: int | None,
+) -> WriteSummary:
+    """``write_images(..., ray=True)``: the image ``job`` as ``parts`` Ray tasks into ``out``
+    (a folder or a URL prefix), merged; the parts' summaries summed."""
+    from kohakuclip.write.image_sources import iter_sources
+    from kohakuclip.write.images import WriteSummary
+
+    total = sum(1 for _ in iter_sources(sources))
+    combined = WriteSummary(out)
+    for r in _run_parts(out, sources, job, resume, progress, parts, total, "img"):
+        combined.shards.extend(r.shards)
+        combined.images += r.images
+        combined.skipped += r.skipped
+        combined.stored_bytes += r.stored_bytes
+        combined.source_bytes += r.source_bytes
     combined.shards.sort()
     return combined
