@@ -16,3 +16,14 @@ normal_scheduling_here()
 @pytest.fixture(autouse=True)
 def _not_real_time() -> None:
     normal_scheduling_here()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A real local Ray cluster with 2 CPUs for a module's Ray tests, shut down after them."""
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -174,17 +174,6 @@ def test_a_video_reader_refuses_an_image_view_and_a_bad_view_is_named(parts, tmp
         ImageReader(copy)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """A real local Ray cluster with 2 CPUs for this module's Ray tests, shut down after them."""
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-
-
 def _files(out: Path, pattern: str) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.glob(pattern))}
 

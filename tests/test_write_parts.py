@@ -249,17 +249,6 @@ def test_part_killed_mid_shard_leaves_no_finished_shard_and_resumes(tmp_path) ->
         ]
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """A real local Ray cluster with 2 CPUs for this module's Ray test, shut down after it."""
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-
-
 @pytest.mark.timeout(300)
 def test_ray_stores_the_same_videos_as_the_parts(
     local_ray, sources, single, parts, tmp_path, capsys
