@@ -1189,6 +1189,35 @@ def test_write_videos_skip_a_corrupt_or_vanished_object_naming_its_url(s3, raw_v
     assert f"{prefix}gone.mp4: no such object" in skipped[prefix + "gone.mp4"]
 
 
+def test_a_store_failing_mid_run_stops_the_writer_and_a_resume_retries(
+    s3, raw_videos, tmp_path, monkeypatch
+):
+    """A store that fails after its retries (503s, expired credentials) is not the video's
+    fault: the run stops with the error instead of logging the video as skipped, which a resumed
+    run would never retry."""
+    from kohakuclip import ObjectStoreError, write_videos
+    from kohakuclip.write import sources
+
+    download = sources._download
+
+    def failing(obj, offset, size, into):
+        if obj.url.endswith("v1.mp4"):
+            raise ObjectStoreError(f"{obj.url}: 503 Service Unavailable after retries")
+        download(obj, offset, size, into)
+
+    monkeypatch.setattr(sources, "_download", failing)
+    out = tmp_path / "out"
+    options = {**WRITE_FAST, "per_shard": 1}
+    with pytest.raises(ObjectStoreError, match="v1.mp4: 503"):
+        write_videos(out, [raw_videos.prefix], **options)
+    assert not (out / "skipped.jsonl").read_text()
+    monkeypatch.setattr(sources, "_download", download)  # the store is back
+    resumed = write_videos(out, [raw_videos.prefix], resume=True, **options)
+    assert (resumed.videos + resumed.resumed_videos, resumed.skipped) == (3, 0)
+    rows = _folder_rows(str(out))
+    assert [row["member"] for row in rows] == ["a/v0.mp4", "v1.mp4", "v2.mp4"]
+
+
 def test_writers_refuse_missing_objects_and_unusable_stores_in_one_line(
     s3, http, raw_videos, tmp_path, capsys
 ):

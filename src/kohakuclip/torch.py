@@ -42,9 +42,8 @@ from kohakuclip.read.stream import (
     sample_rng,
 )
 from kohakuclip.storage.remote import (
-    MissingObjectError,
-    ObjectStoreError,
     adopt_store_environment,
+    is_store_failure,
     store_environment,
 )
 
@@ -138,7 +137,7 @@ def _about_data(error: BaseException) -> bool:
     while seen is not None:
         if isinstance(seen, PoolClosedError):
             return False
-        if isinstance(seen, ObjectStoreError) and not isinstance(seen, MissingObjectError):
+        if is_store_failure(seen):
             return False
         seen = seen.__cause__
     return True

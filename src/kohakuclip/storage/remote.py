@@ -38,6 +38,7 @@ __all__ = [
     "fetch_ranges",
     "gather_into",
     "head_objects",
+    "is_store_failure",
     "is_url",
     "list_objects",
     "local_path",
@@ -137,6 +138,14 @@ class ObjectStoreError(KohakuClipError, OSError):
 
 class MissingObjectError(ObjectStoreError):
     """No object at the URL."""
+
+
+def is_store_failure(error: BaseException) -> bool:
+    """Whether ``error`` says the store failed (unreachable, refusing, still failing after the
+    retries) rather than that an object is missing: the next attempt may well succeed, so a
+    reader must not stand another item in for it and a writer must not log the source as
+    skipped (a resumed run never retries those)."""
+    return isinstance(error, ObjectStoreError) and not isinstance(error, MissingObjectError)
 
 
 def is_url(source: str) -> bool:

@@ -38,7 +38,7 @@ from tqdm import tqdm
 from kohakuclip._cpus import usable_cpus
 from kohakuclip.formats import ENCODING_FILE, IMAGE_CODECS, IMAGE_MANIFEST_SCHEMA, INDEX_MEMBER
 from kohakuclip.storage.image_index import encode_image_index, image_records
-from kohakuclip.storage.remote import is_url
+from kohakuclip.storage.remote import is_store_failure, is_url
 from kohakuclip.storage.zip import ZipWriter
 from kohakuclip.write._atomic import PendingFile, naming, replacing, write_atomically
 from kohakuclip.write.image_codecs import (
@@ -257,6 +257,8 @@ def _job(item: SourceImage, s: _Settings) -> EncodedImage | ImageSkip:
     try:
         data = item.read()
     except OSError as e:
+        if is_store_failure(e):
+            raise  # not the image's fault: a resumed run must retry it
         return ImageSkip("unreadable", str(e))
     try:
         return encode_image(

@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from kohakuclip._cpus import usable_cpus
 from kohakuclip.formats import ENCODING_FILE, MANIFEST_FILE, VIDEO_MANIFEST_SCHEMA, VideoEntry
-from kohakuclip.storage.remote import is_url
+from kohakuclip.storage.remote import is_store_failure, is_url
 from kohakuclip.write._atomic import TEMP_SUFFIX, naming, replacing, write_atomically
 from kohakuclip.write.gulp_videos import encode_gulp_video
 from kohakuclip.write.pack import Container, PackError, ShardWriter
@@ -265,6 +265,8 @@ def _prepare_one(
         try:
             data = opened.enter_context(source.opened())
         except OSError as e:
+            if is_store_failure(e):
+                raise
             raise EncodeError(f"{source.origin}: cannot read ({e.strerror or e})") from None
         return encoder(data, settings, source.origin, stop=stop), labels
 
@@ -576,6 +578,8 @@ class _Job:
                         try:
                             video, labels = future.result()
                         except (EncodeError, ValueError, OSError, av.error.FFmpegError) as e:
+                            if is_store_failure(e):
+                                raise  # not the video's fault: a resumed run must retry it
                             run.skip(source.origin, str(e) or type(e).__name__)
                         else:
                             run.add(source, video, labels)
