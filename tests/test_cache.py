@@ -53,13 +53,18 @@ def test_a_killed_writer_s_temporary_file_goes_once_stale(tmp_path: Path) -> Non
     cache = BlockCache(str(tmp_path), 1 << 20, block=BLOCK)
     cache.put("u", None, 0, _block(0))
     folder = os.path.dirname(cache._path("u", None, 0))
-    old, fresh = os.path.join(folder, "tmpold.tmp"), os.path.join(folder, "tmpnew.tmp")
-    for path in (old, fresh):
+    old, fresh = os.path.join(folder, "kcblock-old.tmp"), os.path.join(folder, "kcblock-new.tmp")
+    mine = tmp_path / "project"  # a cache directory shared with other files: left alone
+    mine.mkdir()
+    others = [os.path.join(folder, "notes.tmp"), str(mine / "kcblock-x.tmp")]
+    for path in (old, fresh, *others):
         Path(path).write_bytes(b"half a block")
     past = time.time() - STALE_TEMP - 60
-    os.utime(old, (past, past))
+    for path in (old, *others):
+        os.utime(path, (past, past))
     cache.trim()
     assert not os.path.exists(old) and os.path.exists(fresh)  # fresh: maybe another writer's
+    assert all(os.path.exists(path) for path in others)
     assert cache.get("u", None, 0, BLOCK) == _block(0)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import tempfile
 import threading
 import time
@@ -23,9 +24,11 @@ from collections.abc import Iterator
 
 __all__ = ["STALE_TEMP", "BlockCache"]
 
+_BLOCK_FOLDER = re.compile("[0-9a-f]{2}")
+
 
 SUFFIX = ".kcblock"
-_TEMP_SUFFIX = ".tmp"
+_TEMP_PREFIX, _TEMP_SUFFIX = "kcblock-", ".tmp"
 STALE_TEMP = 600.0
 """Seconds after which a cache's temporary file is a killed writer's leftover."""
 
@@ -66,7 +69,7 @@ class BlockCache:
         path = self._path(url, etag, number)
         folder = os.path.dirname(path)
         os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=_TEMP_SUFFIX)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=_TEMP_PREFIX, suffix=_TEMP_SUFFIX)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -91,7 +94,7 @@ class BlockCache:
         for entry, info in self._entries():
             if entry.name.endswith(SUFFIX):
                 blocks.append((info.st_mtime, info.st_size, entry.path))
-            elif entry.name.endswith(_TEMP_SUFFIX) and info.st_mtime < stale:
+            elif _is_temporary(entry.name) and info.st_mtime < stale:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
         total = sum(size for _, size, _ in blocks)
@@ -109,13 +112,19 @@ class BlockCache:
         return sum(info.st_size for entry, info in self._entries() if entry.name.endswith(SUFFIX))
 
     def _entries(self) -> Iterator[tuple[os.DirEntry[str], os.stat_result]]:
-        """Every file in the block folders with its stat; files other processes delete
+        """Every file in the block folders (named by two hex digits: a directory shared with
+        other files is never walked further) with its stat; files other processes delete
         meanwhile are left out."""
         for folder in os.scandir(self.directory):
-            if not folder.is_dir():
+            if not (_BLOCK_FOLDER.fullmatch(folder.name) and folder.is_dir()):
                 continue
             for entry in os.scandir(folder.path):
                 try:
                     yield entry, entry.stat()
                 except OSError:
                     continue
+
+
+def _is_temporary(name: str) -> bool:
+    """Whether ``name`` is one of the cache's own temporary files (``put``'s)."""
+    return name.startswith(_TEMP_PREFIX) and name.endswith(_TEMP_SUFFIX)
