@@ -17,6 +17,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -1208,7 +1209,7 @@ def test_a_store_failing_mid_run_stops_the_writer_and_a_resume_retries(
     monkeypatch.setattr(sources, "_download", failing)
     out = tmp_path / "out"
     options = {**WRITE_FAST, "per_shard": 1}
-    with pytest.raises(ObjectStoreError, match="v1.mp4: 503"):
+    with pytest.raises(ObjectStoreError, match=r"v1\.mp4: 503"):
         write_videos(out, [raw_videos.prefix], **options)
     assert not (out / "skipped.jsonl").read_text()
     monkeypatch.setattr(sources, "_download", download)  # the store is back
@@ -1216,6 +1217,42 @@ def test_a_store_failing_mid_run_stops_the_writer_and_a_resume_retries(
     assert (resumed.videos + resumed.resumed_videos, resumed.skipped) == (3, 0)
     rows = _folder_rows(str(out))
     assert [row["member"] for row in rows] == ["a/v0.mp4", "v1.mp4", "v2.mp4"]
+
+
+def test_a_kept_staging_folder_defers_to_the_bucket(s3, raw_videos, tmp_path):
+    """The bucket is the truth, whatever a ``staging`` folder kept: a stale one neither drops
+    what another node added since nor leaks into a new prefix, and a part uploads only its own
+    files (not those of a part building beside it in the same folder)."""
+    from kohakuclip import write_videos
+
+    videos = [os.path.join(raw_videos.folder, name) for name in ("v1.mp4", "v2.mp4")]
+    kept, elsewhere = str(tmp_path / "kept"), str(tmp_path / "elsewhere")
+    url = f"s3://{BUCKET}/kept-staging/"
+    write_videos(url, videos[:1], staging=kept, **WRITE_FAST)
+    write_videos(url, videos, staging=elsewhere, resume=True, **WRITE_FAST)  # another node
+    write_videos(url, videos, staging=kept, resume=True, **WRITE_FAST)  # back on the first
+    rows = _manifest_rows(_bucket_reader(s3, "kept-staging/"))
+    assert [row["member"] for row in rows] == ["v1.mp4", "v2.mp4"]
+    # the same folder for a new prefix: not an earlier run, and none of its files go up
+    (Path(kept) / "skipped.jsonl").write_text('{"source": "old", "reason": "old"}\n')
+    write_videos(f"s3://{BUCKET}/kept-new/", videos[1:], staging=kept, **WRITE_FAST)
+    assert not bytes(obstore.get(s3, "kept-new/skipped.jsonl").bytes())
+    # a part beside another one in the same folder
+    shared = Path(tmp_path / "shared")
+    shared.mkdir()
+    building = shared / "part-00001-of-00002.shard_00000.zip.tmp"
+    building.write_bytes(b"part 1 at work")
+    part_url = f"s3://{BUCKET}/kept-parts/"
+    write_videos(part_url, videos, part="0/2", staging=str(shared), **WRITE_FAST)
+    assert building.exists()
+    names = [name for name, _ in _listing(part_url) if name != "encoding.json"]  # the job's
+    assert names and all(name.startswith("part-00000-of-00002.") for name in names)
+
+
+def _listing(url: str) -> list[tuple[str, int]]:
+    from kohakuclip.write.upload import present_objects
+
+    return sorted(present_objects(url).items())
 
 
 def test_writers_refuse_missing_objects_and_unusable_stores_in_one_line(

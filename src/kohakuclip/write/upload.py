@@ -25,7 +25,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,19 +79,23 @@ def present_objects(url: str) -> dict[str, int]:
     return {found[len(prefix) :]: int(meta["size"]) for found, meta in list_objects(prefix)}
 
 
-def upload_folder(local: str, url: str, present: Mapping[str, int], last: str) -> None:
-    """Upload every file under ``local`` to the prefix ``url``, shards first and the file
-    ``last`` at the end, skipping those ``present`` (a listing by name under the prefix) holds
-    at the same size."""
-    prefix = _prefix(url)
-    names = []
+def _files_of(local: str, names: OutputNames) -> list[str]:
+    """The run's (part's) files under the staging folder ``local``, by their names under it
+    (``a/b`` in a sub-folder): its shards, manifest, skip log, record, the job's
+    ``encoding.json``, its pending folder and its files half-written. Another run sharing the
+    folder (a part beside it, anything else) is never touched."""
+    found = []
     for folder, _, files in os.walk(local):
-        for name in files:
-            names.append(os.path.relpath(os.path.join(folder, name), local).replace(os.sep, "/"))
-    for name in sorted(names, key=lambda name: _order(name, last)):
-        path = os.path.join(local, name)
-        if present.get(name) != os.path.getsize(path):
-            put_object(prefix + name, Path(path))
+        for file in files:
+            name = os.path.relpath(os.path.join(folder, file), local).replace(os.sep, "/")
+            top = name.split("/")[0]
+            if top == names.pending or ("/" not in name and _is_run_file(name, names)):
+                found.append(name)
+    return found
+
+
+def _is_run_file(name: str, names: OutputNames) -> bool:
+    return names.owns(name) or names.temporary(name) or name in (names.record, ENCODING_FILE)
 
 
 def _delete_objects(urls: Sequence[str]) -> None:
@@ -162,20 +166,29 @@ class StagedOutput(Output):
             self._put(name)
 
     def finish(self) -> None:
-        """The run (part) succeeded: upload what staging holds that the prefix lacks at the same
-        size (its sidecars; the run's record last: the image writer takes it to mean the run
-        finished), then delete the run's pending objects."""
-        upload_folder(self.folder, self.url, self.present, self.names.record)
+        """The run (part) succeeded: upload its files in staging the prefix lacks at the same
+        size (its sidecars; never a file half-written or the pending folder; the run's record
+        last: the image writer takes it to mean the run finished), then delete the run's
+        pending objects."""
         pending = self.names.pending + "/"
+        ready = [
+            name
+            for name in _files_of(self.folder, self.names)
+            if not (self.names.temporary(name) or name.startswith(pending))
+        ]
+        for name in sorted(ready, key=lambda name: _order(name, self.names.record)):
+            if self.present.get(name) != os.path.getsize(self._local(name)):
+                self._put(name)
         _delete_objects([self.url + name for name in self.present if name.startswith(pending)])
 
     def fetch_state(self) -> None:
-        """Download into staging what it lacks of the objects a run resumes from (see
-        ``_state_names``); a new staging folder (another node) gets all of them."""
+        """Make staging hold what the bucket holds of the run: its files there (a staging folder
+        kept from an earlier attempt may be stale: another node may have gone on since) are
+        removed, and the objects it resumes from (``_state_names``) downloaded."""
+        for name in _files_of(self.folder, self.names):
+            os.remove(self._local(name))
         for name in _state_names(self.present, self.names):
             path = self._local(name)
-            if os.path.exists(path):
-                continue
             size = self.present[name]
             data = open_object(self.url + name, meta={"size": size}).read(0, size)
             os.makedirs(os.path.dirname(path), exist_ok=True)
