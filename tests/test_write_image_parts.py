@@ -20,7 +20,7 @@ from kohakuclip import cli as kohakuclip_cli
 from kohakuclip.storage.video_listing import SourceError
 from kohakuclip.write import image_cli
 from kohakuclip.write.images import write_images
-from kohakuclip.write.merge import merge
+from kohakuclip.write.merge import MergeError, merge
 from tests.image_media import encode, photo
 
 FAST = {"max_short": 64, "min_short": 32, "per_shard": 2, "workers": 1, "progress": False}
@@ -99,6 +99,21 @@ def test_image_part_rerun_is_byte_identical_and_resume_keeps_it(parts, images, t
     assert not killed.exists()
     with pytest.raises(ValueError, match="parts"):
         write_images(tmp_path, [images], part="0/3", **FAST)
+
+
+def test_a_resume_clears_the_pending_rows_a_kill_left_after_the_record(images, tmp_path):
+    """Killed between its record and the removal of its pending rows, a part is finished but
+    ``merge`` takes it for unfinished: ``--resume`` keeps it and clears them."""
+    for i in range(2):
+        write_images(tmp_path, [images], part=f"{i}/2", **FAST)
+    pending = tmp_path / ".part-00001-of-00002.manifest-parts"
+    pending.mkdir()
+    (pending / "part-00001-of-00002.shard_00000.zip.parquet").write_bytes(b"rows")
+    with pytest.raises(MergeError, match="unfinished"):
+        merge(tmp_path)
+    again = write_images(tmp_path, [images], part="1/2", resume=True, **FAST)
+    assert again.images == 2 and not pending.exists()
+    merge(tmp_path)
 
 
 def test_a_stopped_run_resumes_after_its_finished_shards(images, single, tmp_path, monkeypatch):

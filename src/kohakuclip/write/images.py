@@ -426,6 +426,7 @@ def _write_run(
     if resume:
         finished = _finished(target, names)
         if finished is not None:
+            _drop_pending(out, names)  # left by a kill after the record: stale
             return finished
     else:
         _refuse_earlier(out, names)
@@ -615,7 +616,14 @@ def _clear(out: str, names: OutputNames, kept: list[str]) -> None:
     if os.path.isfile(record):
         os.remove(record)
     if not kept:
-        shutil.rmtree(os.path.join(out, names.pending), ignore_errors=True)
+        _drop_pending(out, names)
+
+
+def _drop_pending(out: str, names: OutputNames) -> None:
+    """Remove the run's pending folder, if any: once the record is written, ``merge`` takes
+    a pending folder to mean the run did not finish."""
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(os.path.join(out, names.pending))
 
 
 def _manifest_row(
