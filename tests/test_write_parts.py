@@ -263,6 +263,9 @@ def test_ray_stores_the_same_videos_as_the_parts(
         write_videos(tmp_path, [sources], ray=True, ray_parts=2, **FAST)
     again = write_videos(tmp_path, [sources], ray=True, resume=True, **FAST)  # the split it had
     assert again.videos == 0 and again.resumed_videos == 5
+    whole = shutil.copytree(single, tmp_path / "whole")  # a run not split into parts
+    with pytest.raises(WriteError, match="not split into parts"):
+        write_videos(whole, [sources], ray=True, resume=True, **FAST)
 
 
 def test_clip_dataset_over_the_view_gives_the_listed_shards_batches(parts) -> None:

@@ -198,6 +198,12 @@ def _run_parts(
                 f"{out}: holds an earlier run; pass resume=True (--resume) to continue it, "
                 "or choose another folder"
             )
+        if split is None:
+            raise WriteError(
+                f"{out}: holds a run not split into parts (or split several ways): resume it "
+                "the way it was written (without --ray, or with its --part), or choose another "
+                "folder"
+            )
         if parts is None:  # resume with the split the earlier run used, whatever the cluster
             parts = split
     if parts is not None and parts < 1:
