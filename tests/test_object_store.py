@@ -1203,10 +1203,10 @@ def test_a_store_failing_mid_run_stops_the_writer_and_a_resume_retries(
 
     download = sources._download
 
-    def failing(obj, offset, size, into):
+    def failing(obj, offset, size, into, stop):
         if obj.url.endswith("v1.mp4"):
             raise ObjectStoreError(f"{obj.url}: 503 Service Unavailable after retries")
-        download(obj, offset, size, into)
+        download(obj, offset, size, into, stop)
 
     monkeypatch.setattr(sources, "_download", failing)
     out = tmp_path / "out"
@@ -1219,6 +1219,28 @@ def test_a_store_failing_mid_run_stops_the_writer_and_a_resume_retries(
     assert (resumed.videos + resumed.resumed_videos, resumed.skipped) == (3, 0)
     rows = _folder_rows(str(out))
     assert [row["member"] for row in rows] == ["a/v0.mp4", "v1.mp4", "v2.mp4"]
+
+
+def test_a_stopped_writer_abandons_its_downloads(s3, raw_videos, tmp_path, monkeypatch):
+    """Ctrl-C / SIGTERM set the writer's stop event: a download in progress ends at its next
+    block, and its temporary file goes."""
+    import tempfile
+    import threading
+
+    from kohakuclip.write.sources import expand_sources
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (source,) = expand_sources([raw_videos.single_url]).sources
+    stop = threading.Event()
+    with source.opened(stop) as path:
+        assert open(path, "rb").read() == open(raw_videos.single, "rb").read()
+    stop.set()
+    with (
+        pytest.raises(InterruptedError, match=r"one\.mp4: download interrupted"),
+        source.opened(stop),
+    ):
+        pass
+    assert not os.listdir(tmp_path)
 
 
 def test_a_kept_staging_folder_defers_to_the_bucket(s3, raw_videos, tmp_path):

@@ -263,7 +263,7 @@ def _prepare_one(
         return encode_gulp_video(source.gulp, settings, source.origin, stop=stop), labels
     with contextlib.ExitStack() as opened:
         try:
-            data = opened.enter_context(source.opened())
+            data = opened.enter_context(source.opened(stop))
         except OSError as e:
             if is_store_failure(e):
                 raise

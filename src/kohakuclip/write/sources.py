@@ -22,6 +22,7 @@ import os
 import posixpath
 import stat
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -137,17 +138,18 @@ class Source:
         return data
 
     @contextmanager
-    def opened(self) -> Iterator[str | bytes]:
+    def opened(self, stop: threading.Event | None = None) -> Iterator[str | bytes]:
         """What the encoder opens, for the ``with`` block: ``load()``'s, or for a video in object
         storage a temporary file it is downloaded into (named with its suffix; deleted when the
         block ends): an encoder needs a file or bytes, the ffmpeg backend's child a file, and a
-        video may be too big to hold in memory. Raises ``ObjectStoreError`` naming the URL."""
+        video may be too big to hold in memory. Raises ``ObjectStoreError`` naming the URL, and
+        InterruptedError when ``stop`` is set during the download (Ctrl-C, SIGTERM)."""
         if self.remote is None:
             yield self.load()
             return
         suffix = posixpath.splitext(self.name)[1]
         with tempfile.NamedTemporaryFile(prefix="kohakuclip-download-", suffix=suffix) as f:
-            _download(self.remote, self.offset, self.size, f)
+            _download(self.remote, self.offset, self.size, f, stop)
             yield f.name
 
     def labels(self) -> dict[str, Any]:
@@ -267,10 +269,14 @@ def _tar_sources(archive: str) -> list[Source]:
     ]
 
 
-def _download(obj: RemoteObject, offset: int, size: int, into: IO[bytes]) -> None:
+def _download(
+    obj: RemoteObject, offset: int, size: int, into: IO[bytes], stop: threading.Event | None
+) -> None:
     """``size`` bytes of ``obj`` from ``offset`` into the file ``into`` (flushed), by ranged
-    GETs of ``DOWNLOAD_BLOCK`` bytes."""
+    GETs of ``DOWNLOAD_BLOCK`` bytes; InterruptedError between two when ``stop`` is set."""
     for start in range(offset, offset + size, DOWNLOAD_BLOCK):
+        if stop is not None and stop.is_set():
+            raise InterruptedError(f"{obj.url}: download interrupted")
         into.write(obj.read(start, min(DOWNLOAD_BLOCK, offset + size - start)))
     into.flush()
 
