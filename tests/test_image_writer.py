@@ -392,6 +392,23 @@ def test_write_images_every_source_kind(tmp_path):
     assert encoding["images"] == len(expected)
 
 
+def test_an_archive_that_cannot_be_listed_is_skipped_and_the_run_goes_on(tmp_path):
+    """A corrupt tar or zip is listed when its turn comes: it goes to the skip log, named, and
+    the sources after it are still stored (an error would stop every resumed run there too)."""
+    for name in ("bad.tar", "bad.zip"):
+        (tmp_path / name).write_bytes(b"not an archive at all" * 40)
+    Image.fromarray(photo(60, 70, seed=3)).save(tmp_path / "after.png")
+    sources = [str(tmp_path / n) for n in ("bad.tar", "bad.zip", "after.png")]
+    summary = write_images(tmp_path / "out", sources, min_short=0, progress=False)
+    assert (summary.images, summary.skipped) == (1, 2)
+    lines = [json.loads(x) for x in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
+    assert [(line["source"], line["reason"]) for line in lines] == [
+        (sources[0], "unreadable"),
+        (sources[1], "unreadable"),
+    ]
+    assert all("bad." in line["detail"] for line in lines)
+
+
 def test_index_matches_the_zip_listing(tmp_path):
     paths, _ = _sources(tmp_path)
     summary = write_images(tmp_path / "out", paths, per_shard=4, progress=False, max_short=400)

@@ -102,10 +102,13 @@ def _local(path: str, kind: str) -> Iterator[SourceImage]:
     """The images of a local source of ``kind`` (``_kind``), read as iterated."""
     if kind == "folder":
         yield from _folder(path)
-    elif kind == "tar":
-        yield from _archive(path, _list_or_fail(list_tar, path))
-    elif kind == "zip":
-        yield from _archive(path, _list_or_fail(list_zip, path))
+    elif kind in ("tar", "zip"):
+        try:
+            members = (list_tar if kind == "tar" else list_zip)(path)
+        except ArchiveError as e:
+            yield _unlistable_archive(path, e)
+            return
+        yield from _archive(path, members)
     else:
         yield _file(path, os.path.splitext(os.path.basename(path))[0])
 
@@ -153,13 +156,16 @@ def _unlistable(path: str, reason: str) -> bytes:
     raise OSError(f"{path}: cannot list the folder ({reason})")
 
 
-def _list_or_fail(
-    lister: Callable[[str | RangedFile], list[Member]], path: str | RangedFile
-) -> list[Member]:
-    try:
-        return lister(path)
-    except ArchiveError as e:
-        raise ImageInputError(str(e)) from None
+def _unlistable_archive(where: str, error: ArchiveError) -> SourceImage:
+    """An archive that cannot be listed (it is read when its turn comes), as one item whose
+    read fails: the skip log names it, as a folder that cannot be listed, and the run goes on
+    (an error would stop every run, resumed ones too, at the same place)."""
+    key = posixpath.basename(where.rstrip("/"))
+    return SourceImage(key, where, partial(_unreadable_archive, str(error)))
+
+
+def _unreadable_archive(reason: str) -> bytes:
+    raise OSError(reason)
 
 
 def _inflated(data: bytes, member: Member) -> bytes:
@@ -293,6 +299,11 @@ def _remote_archive(
 ) -> Iterator[SourceImage]:
     """A tar or zip in object storage as ``_archive`` takes a local one (listed by ranged
     reads when its turn comes)."""
+    try:
+        members = lister(obj)
+    except ArchiveError as e:
+        yield _unlistable_archive(obj.url, e)
+        return
     yield from _with_sidecars(
         _Pending(
             key,
@@ -301,7 +312,7 @@ def _remote_archive(
             None if caption is None else (obj, caption),
             None if meta is None else (obj, meta),
         )
-        for key, image, caption, meta in _groups(_list_or_fail(lister, obj))
+        for key, image, caption, meta in _groups(members)
     )
 
 
