@@ -889,6 +889,26 @@ def test_forkserver_workers_give_the_same_batches(videos: Path) -> None:
     assert_same_batches(take(loader, 3), reference)
 
 
+def test_url_sources_choose_forkserver_and_carry_credentials_local_ones_do_not(
+    videos: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A URL anywhere in a mixture makes ClipLoader's workers start with forkserver and the
+    pickled dataset carry the AWS_* / GOOGLE_* / AZURE_* variables; a local dataset carries no
+    credentials (it could be pickled to disk)."""
+    import pickle
+
+    from kohakuclip.torch import _context_for
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not for local datasets")
+    mixed = dataset(
+        {"local": str(videos), "bucket": "s3://bucket/x.zip"}, weights={"local": 1, "bucket": 1}
+    )
+    local = dataset(videos)
+    assert (_context_for(mixed), _context_for(local)) == ("forkserver", None)
+    assert b"not for local datasets" in pickle.dumps(mixed)
+    assert b"not for local datasets" not in pickle.dumps(local)
+
+
 def test_an_abandoned_iteration_leaves_the_decode_threads_idle(videos: Path) -> None:
     loader = ClipLoader(dataset(videos, threads=2), prefetch=4)
     it = iter(loader)

@@ -44,6 +44,7 @@ from kohakuclip.read.stream import (
 from kohakuclip.storage.remote import (
     adopt_store_environment,
     is_store_failure,
+    is_url,
     store_environment,
 )
 
@@ -469,12 +470,18 @@ class BatchDataset(IterableDataset):
         self._reader = None
         self._reader_pid = -1
 
+    @property
+    def reads_object_storage(self) -> bool:
+        """Whether any source is a URL (its workers then start with "forkserver")."""
+        return any(is_url(path) for path in self.mixture.flat)
+
     def __getstate__(self) -> dict[str, Any]:
-        """Without this process's reader, with its object-storage credentials (see
-        ``__setstate__``)."""
+        """Without this process's reader; with its object-storage credentials when a source is
+        a URL (see ``__setstate__``; a dataset of local files never carries them)."""
         state = self.__dict__.copy()
         state.update(_reader=None, _reader_pid=-1, _inherited=[])
-        state["_store_environment"] = store_environment()
+        if self.reads_object_storage:
+            state["_store_environment"] = store_environment()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -655,11 +662,7 @@ class ClipDataset(BatchDataset):
 
 def _context_for(dataset: Any) -> str | None:
     """ "forkserver" for a dataset with object-storage sources (no fork after obstore ran)."""
-    from kohakuclip.storage.remote import is_url
-
-    sources = getattr(dataset, "sources", None)
-    listed = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources or [])
-    return "forkserver" if any(is_url(os.fspath(s)) for s in listed) else None
+    return "forkserver" if getattr(dataset, "reads_object_storage", False) else None
 
 
 class ClipLoader:
