@@ -1405,6 +1405,43 @@ def test_write_images_from_urls_equal_the_local_files(s3, http, raw_images, tmp_
     assert sources == [prefix + "0.jpg", prefix + "2.jpg", prefix + "sub/1.png"]
 
 
+def test_image_parts_by_url_fetch_only_their_own_sidecars(s3, tmp_path, monkeypatch):
+    from kohakuclip import write_images
+    from kohakuclip.write import image_sources
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for i in range(6):
+        Image.fromarray(photo(48, 64, seed=90 + i)).save(tree / f"{i}.jpg", quality=90)
+        (tree / f"{i}.txt").write_text(f"caption {i}")
+    _upload_tree(s3, str(tree), "captioned-parts/")
+    prefix = f"s3://{BUCKET}/captioned-parts/"
+    fetched: list[str] = []
+    fetch = image_sources.fetch_ranges
+
+    def counted(wanted):
+        fetched.extend(obj.url[len(prefix) :] for obj, _, _ in wanted)
+        return fetch(wanted)
+
+    monkeypatch.setattr(image_sources, "fetch_ranges", counted)
+    options = {"max_short": 48, "min_short": 0, "per_shard": 2, "progress": False}
+    for index, mine in ((0, ["0.txt", "1.txt", "2.txt"]), (1, ["3.txt", "4.txt", "5.txt"])):
+        fetched.clear()
+        before = request_counts()["requests"]
+        summary = write_images(tmp_path / "parts", [prefix], part=f"{index}/2", **options)
+        assert summary.images == 3
+        assert sorted(fetched) == mine  # the part's captions only, not the other part's
+        assert request_counts()["requests"] - before <= 1 + 3 + 3  # list, captions, images
+    fetched.clear()
+    whole = write_images(tmp_path / "whole", [prefix], **options)
+    assert whole.images == 6 and len(fetched) == 6
+    captions = []
+    for tag in ("part-00000-of-00002", "part-00001-of-00002"):
+        read = lambda name, tag=tag: _local_reader(str(tmp_path / "parts"))(f"{tag}.{name}")  # noqa: E731
+        captions += [row["caption"] for row in _manifest_rows(read)]
+    assert captions == [f"caption {i}" for i in range(6)]
+
+
 def test_write_images_skip_a_corrupt_object_naming_its_url(s3, tmp_path):
     import json
 

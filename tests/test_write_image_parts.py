@@ -18,10 +18,10 @@ from PIL import Image
 from kohakuclip import ImageReader, Reader, WriteError
 from kohakuclip import cli as kohakuclip_cli
 from kohakuclip.storage.video_listing import SourceError
-from kohakuclip.write import image_cli
+from kohakuclip.write import image_cli, image_sources
 from kohakuclip.write.images import write_images
 from kohakuclip.write.merge import MergeError, merge
-from tests.image_media import encode, photo
+from tests.image_media import encode, photo, write_tar
 
 FAST = {"max_short": 64, "min_short": 32, "per_shard": 2, "workers": 1, "progress": False}
 
@@ -223,3 +223,67 @@ def test_a_resumed_ray_run_keeps_a_finished_part(local_ray, images, parts, tmp_p
         write_images(tmp_path, [images], part="0/2", ray=True, **FAST)
     with pytest.raises(ValueError, match="needs ray"):
         write_images(tmp_path, [images], ray_parts=2, **FAST)
+
+
+def _captioned(root: Path) -> list[str]:
+    """Four photos with captions in a folder and two in a tar with caption members: the stems
+    (tar members as ``wds.tar:<stem>``) in origin order."""
+    folder = root / "folder"
+    folder.mkdir()
+    members = {}
+    for i in range(6):
+        data = encode(Image.fromarray(photo(48, 64, seed=20 + i)), "JPEG", quality=90)
+        if i < 4:
+            (folder / f"f{i}.jpg").write_bytes(data)
+            (folder / f"f{i}.txt").write_text(f"photo {i}")
+        else:
+            members[f"t{i}.jpg"] = data
+            members[f"t{i}.txt"] = f"member {i}".encode()
+    write_tar(str(root / "wds.tar"), members)
+    return ["f0", "f1", "f2", "f3", "wds.tar:t4", "wds.tar:t5"]
+
+
+def _count_sidecar_reads(monkeypatch) -> list[str]:
+    """The stems whose caption a source reads (a file's sidecar, a tar's caption member)."""
+    read: list[str] = []
+    sidecar, member = image_sources._sidecar, image_sources._read_member
+
+    def counted_sidecar(path: str) -> str | None:
+        if path.endswith(".txt"):
+            read.append(Path(path).stem)
+        return sidecar(path)
+
+    def counted_member(path: str, m):  # only the caption members: images are read later
+        if m.name.endswith(".txt"):
+            read.append(f"{Path(path).name}:{m.name[:-4]}")
+        return member(path, m)
+
+    monkeypatch.setattr(image_sources, "_sidecar", counted_sidecar)
+    monkeypatch.setattr(image_sources, "_read_member", counted_member)
+    return read
+
+
+def test_a_part_reads_only_its_own_images_sidecars(tmp_path, monkeypatch) -> None:
+    stems = _captioned(tmp_path)
+    read = _count_sidecar_reads(monkeypatch)
+    sources = [tmp_path / "folder", tmp_path / "wds.tar"]
+    for index, mine in ((0, stems[:3]), (1, stems[3:])):
+        read.clear()
+        summary = write_images(tmp_path / "out", sources, part=f"{index}/2", **FAST)
+        assert summary.images == 3
+        assert sorted(read) == mine  # each caption of the part once, none of the other's
+    rows = []
+    for index in range(2):
+        rows += pq.read_table(tmp_path / "out" / f"part-{index:05d}-of-00002.manifest.parquet")[
+            "caption"
+        ].to_pylist()
+    assert rows == [f"photo {i}" for i in range(4)] + ["member 4", "member 5"]
+
+
+def test_the_ray_drivers_count_reads_no_sidecar(tmp_path, monkeypatch) -> None:
+    _captioned(tmp_path)
+    read = _count_sidecar_reads(monkeypatch)
+    sources = [str(tmp_path / "folder"), str(tmp_path / "wds.tar")]
+    assert image_sources.count_sources(sources) == 6
+    assert read == []
+    assert len(list(image_sources.iter_sources(sources))) == 6 and len(read) == 6

@@ -12,6 +12,10 @@ other URL is one image, tar or zip (HEADed then; an archive's members listed by 
 its turn comes). An image object's bytes are fetched when a worker reads it; captions and
 metadata in storage are fetched ``SIDECAR_BATCH`` images at a time, by concurrent ranged GETs, as
 the images are iterated.
+
+``iter_sources(paths, part)`` lists every source first and selects the part's images before any
+sidecar is read (each part reads only its own images' captions and metadata);
+``count_sources`` counts the images without reading a sidecar.
 """
 
 from __future__ import annotations
@@ -43,8 +47,9 @@ from kohakuclip.storage.remote import (
 )
 from kohakuclip.storage.tar import list_tar
 from kohakuclip.storage.zip import ArchiveError, Member, list_zip
+from kohakuclip.write.parts import Part
 
-__all__ = ["ImageInputError", "SourceImage", "iter_sources"]
+__all__ = ["ImageInputError", "SourceImage", "count_sources", "iter_sources"]
 
 
 _CAPTION_SUFFIX = ".txt"
@@ -84,22 +89,57 @@ def _kind(path: str) -> str:
     raise ImageInputError(f"{path}: not an image, a folder, a .tar or a .zip")
 
 
-def iter_sources(paths: list[str | os.PathLike[str]]) -> Iterator[SourceImage]:
-    """Every image of every source, in order; every path is checked now, before any is read (a
-    URL: its prefix listed or its object found, so that a store that cannot be reached, refused
+def iter_sources(
+    paths: Iterable[str | os.PathLike[str]], part: Part | None = None
+) -> Iterator[SourceImage]:
+    """Every image of every source, in order (``part``: only that part's block of them sorted
+    by origin, ``Part.select``); every path is checked now, before any is read (a URL: its
+    prefix listed or its object found, so that a store that cannot be reached, refused
     credentials and a missing object raise ``ObjectStoreError`` naming it before anything is
-    encoded)."""
+    encoded). A whole run lists each archive when its turn comes; a part lists every source
+    now, selects, and reads the sidecars of its own images only, as they are iterated."""
     checked = [_checked(os.fspath(p)) for p in paths]
-    return itertools.chain.from_iterable(checked)
+    if part is None:
+        return itertools.chain.from_iterable(_resolve(entries) for entries in checked)
+    listed = list(itertools.chain.from_iterable(checked))
+    return _resolve(part.select(listed, key=lambda entry: entry.origin))
 
 
-def _checked(path: str) -> Iterator[SourceImage]:
-    """The images of one source, the source checked now and its images read as iterated."""
+def count_sources(paths: Iterable[str | os.PathLike[str]]) -> int:
+    """How many images ``iter_sources(paths)`` yields: every source checked and listed, no
+    sidecar read."""
+    return sum(1 for _ in itertools.chain.from_iterable([_checked(os.fspath(p)) for p in paths]))
+
+
+@dataclass(frozen=True)
+class _Local:
+    """A local image (a file or an archive member), its sidecars not read yet."""
+
+    origin: str
+    make: Callable[[], SourceImage]  # reads the sidecars
+
+
+def _resolve(entries: Iterable[SourceImage | _Local | _Pending]) -> Iterator[SourceImage]:
+    """The images of ``entries``, in order, their sidecars read as iterated (those in object
+    storage ``SIDECAR_BATCH`` at a time, ``_with_sidecars``)."""
+    for remote, run in itertools.groupby(entries, key=lambda entry: isinstance(entry, _Pending)):
+        if remote:
+            yield from _with_sidecars(e for e in run if isinstance(e, _Pending))
+        else:
+            for entry in run:
+                if isinstance(entry, _Local):
+                    yield entry.make()
+                elif isinstance(entry, SourceImage):  # an unlistable folder or archive
+                    yield entry
+
+
+def _checked(path: str) -> Iterator[SourceImage | _Local | _Pending]:
+    """The images of one source, the source checked now and listed as iterated."""
     return _remote(path) if is_url(path) else _local(path, _kind(path))
 
 
-def _local(path: str, kind: str) -> Iterator[SourceImage]:
-    """The images of a local source of ``kind`` (``_kind``), read as iterated."""
+def _local(path: str, kind: str) -> Iterator[SourceImage | _Local]:
+    """The images of a local source of ``kind`` (``_kind``), listed as iterated."""
     if kind == "folder":
         yield from _folder(path)
     elif kind in ("tar", "zip"):
@@ -110,7 +150,7 @@ def _local(path: str, kind: str) -> Iterator[SourceImage]:
             return
         yield from _archive(path, members)
     else:
-        yield _file(path, os.path.splitext(os.path.basename(path))[0])
+        yield _Local(path, partial(_file, path, os.path.splitext(os.path.basename(path))[0]))
 
 
 def _read_file(path: str) -> Callable[[], bytes]:
@@ -140,12 +180,13 @@ def _file(path: str, key: str) -> SourceImage:
     )
 
 
-def _folder(root: str) -> Iterator[SourceImage]:
+def _folder(root: str) -> Iterator[SourceImage | _Local]:
     """The images below ``root``; a folder that cannot be listed comes as an item whose read
     fails, so that the skip log names it."""
     unlistable: list[OSError] = []
     for rel in list_folder(root, IMAGE_SUFFIXES, on_error=unlistable.append):
-        yield _file(os.path.join(root, rel), os.path.splitext(rel)[0])
+        path = os.path.join(root, rel)
+        yield _Local(path, partial(_file, path, os.path.splitext(rel)[0]))
     for error in unlistable:
         path = str(error.filename)
         key = os.path.relpath(path, root).replace(os.sep, "/")
@@ -206,17 +247,26 @@ def _groups(members: list[Member]) -> Iterator[tuple[str, Member, Member | None,
             yield key, image, by_ext.get(_CAPTION_SUFFIX), by_ext.get(_META_SUFFIX)
 
 
-def _archive(path: str, members: list[Member]) -> Iterator[SourceImage]:
-    """Group an archive's members by WebDataset key; one image per key, sidecars attached."""
+def _archive(path: str, members: list[Member]) -> Iterator[_Local]:
+    """Group an archive's members by WebDataset key; one image per key, its sidecars read when
+    it is made."""
     for key, image, caption, meta in _groups(members):
-        caption_text = _read_member(path, caption)().decode("utf-8", "replace") if caption else None
-        yield SourceImage(
-            key,
-            f"{path}:{image.name}",
-            _read_member(path, image),
-            caption_text.strip() if caption_text is not None else None,
-            _read_member(path, meta)().decode("utf-8", "replace") if meta else None,
-        )
+        origin = f"{path}:{image.name}"
+        yield _Local(origin, partial(_member_image, path, key, origin, image, caption, meta))
+
+
+def _member_image(
+    path: str, key: str, origin: str, image: Member, caption: Member | None, meta: Member | None
+) -> SourceImage:
+    """An archive member's image, its sidecar members read now."""
+    caption_text = _read_member(path, caption)().decode("utf-8", "replace") if caption else None
+    return SourceImage(
+        key,
+        origin,
+        _read_member(path, image),
+        caption_text.strip() if caption_text is not None else None,
+        _read_member(path, meta)().decode("utf-8", "replace") if meta else None,
+    )
 
 
 _Located = tuple[RemoteObject, Member]
@@ -234,11 +284,11 @@ class _Pending:
     meta: _Located | None
 
 
-def _remote(url: str) -> Iterator[SourceImage]:
+def _remote(url: str) -> Iterator[SourceImage | _Pending]:
     """The images the URL names, checked now: a prefix listed, an object HEADed (its sidecar
     objects too); an archive's members are listed when its turn comes."""
     if url.endswith("/"):
-        return _with_sidecars(_prefix_images(url))
+        return iter(_prefix_images(url))
     suffix = suffix_of(url)
     if suffix not in (".tar", ".zip", *IMAGE_SUFFIXES):
         raise ImageInputError(f"{url}: not an image, a prefix (ending in /), a .tar or a .zip")
@@ -253,7 +303,7 @@ def _remote(url: str) -> Iterator[SourceImage]:
     stem = posixpath.splitext(url)[0]
     heads = head_objects([stem + _CAPTION_SUFFIX, stem + _META_SUFFIX])
     key = posixpath.splitext(unquote(posixpath.basename(urlsplit(url).path)))[0]
-    return _with_sidecars([_object_image(obj, key, heads)])
+    return iter([_object_image(obj, key, heads)])
 
 
 def _prefix_images(prefix: str) -> list[_Pending]:
@@ -296,7 +346,7 @@ def _object_image(
 
 def _remote_archive(
     obj: RemoteObject, lister: Callable[[str | RangedFile], list[Member]]
-) -> Iterator[SourceImage]:
+) -> Iterator[SourceImage | _Pending]:
     """A tar or zip in object storage as ``_archive`` takes a local one (listed by ranged
     reads when its turn comes)."""
     try:
@@ -304,7 +354,7 @@ def _remote_archive(
     except ArchiveError as e:
         yield _unlistable_archive(obj.url, e)
         return
-    yield from _with_sidecars(
+    yield from (
         _Pending(
             key,
             f"{obj.url}:{image.name}",

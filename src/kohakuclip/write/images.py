@@ -395,7 +395,8 @@ class _ImageJob:
         URL prefix built in ``staging`` (None: a temporary folder) and uploaded shard by
         shard. ``on_item`` is called after each image stored or skipped (Ray's progress)."""
         names = OutputNames(part)
-        items = iter_sources(list(sources))  # every path checked before the output is touched
+        # every path checked (a part's images listed and selected) before the output is touched
+        items = iter_sources(list(sources), part)
         run = (self.settings, names, self.workers or usable_cpus(), progress, resume, on_item)
         if not is_url(out):
             return _write_run(Output(out), items, *run)
@@ -420,8 +421,7 @@ def _write_run(
         raise WriteError(f"{out}: exists and is not a folder")
     os.makedirs(out, exist_ok=True)
     if names.part is not None:
-        _check_parts(out, names.part, settings)
-        items = iter(names.part.select(list(items), key=lambda item: item.origin))
+        _check_parts(out, names.part, settings)  # items: the part's only (iter_sources)
     _refuse_video_run(out)
     if resume:
         finished = _finished(target, names)

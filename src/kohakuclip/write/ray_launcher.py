@@ -281,10 +281,10 @@ def write_images_on_ray(
 ) -> WriteSummary:
     """``write_images(..., ray=True)``: the image ``job`` as ``parts`` Ray tasks into ``out``
     (a folder or a URL prefix), merged; the parts' summaries summed."""
-    from kohakuclip.write.image_sources import iter_sources
+    from kohakuclip.write.image_sources import count_sources
     from kohakuclip.write.images import WriteSummary
 
-    total = sum(1 for _ in iter_sources(sources))
+    total = count_sources(sources)  # lists the sources, reads no sidecar
     combined = WriteSummary(out)
     for r in _run_parts(out, sources, job, resume, progress, parts, total, "img"):
         combined.shards.extend(r.shards)
