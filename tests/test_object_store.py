@@ -773,6 +773,7 @@ def test_video_writer_killed_mid_run_resumes_on_another_node(s3, tmp_path, monke
         spec = VideoSpec(width=96, height=64, frames=24, seed=60 + i)
         make_video(spec, str(sources / f"v{i}.mp4"))
     (sources / "v2.txt").write_text("the third video")
+    (sources / "a_bad.mp4").write_bytes(b"not a video")  # skipped before the first shard
     (sources / "zz.mp4").write_bytes(b"replaced by a FIFO")
     url, prefix = f"s3://{BUCKET}/preempted/", "preempted/"
     node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
@@ -814,7 +815,13 @@ def test_video_writer_killed_mid_run_resumes_on_another_node(s3, tmp_path, monke
     capsys.readouterr()
     resume = [url, "--staging", str(node_b), "--resume", str(sources), *WRITE_ARGS]
     assert write_main(resume) == 0  # another node: a new, empty staging folder
-    assert capsys.readouterr().out.startswith(f"{6 - len(kept)} videos ")  # only those encoded
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"{6 - len(kept)} videos ")  # only those encoded
+    assert ", 0 skipped" in printed  # the bad source's skip came with the kept shards' rows
+    skip_log = bytes(obstore.get(s3, prefix + "skipped.jsonl").bytes()).decode()
+    assert [json.loads(line)["source"] for line in skip_log.splitlines()] == [
+        str(sources / "a_bad.mp4")
+    ]
     assert not {url + name for name in kept} & set(uploads)  # the kept shards stay as they were
     after = _bucket_objects(s3, prefix)
     for name in kept:

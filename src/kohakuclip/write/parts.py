@@ -115,6 +115,12 @@ class OutputNames:
         return f"{self.pending}/{shard}.parquet"
 
     @property
+    def pending_skipped(self) -> str:
+        """Where (under the output) the skip log is copied with each shard's rows: a run
+        resumed from a bucket keeps the sources skipped before (the log goes up at the end)."""
+        return f"{self.pending}/{SKIPPED_FILE}"
+
+    @property
     def pending_settings(self) -> str:
         """Where (under the output) the settings of the pending rows' shards are kept: a run
         resumed from a bucket, before any sidecar is uploaded, checks its settings by them."""

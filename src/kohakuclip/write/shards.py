@@ -178,21 +178,28 @@ def _prepare(target: Output, config: dict, resume: bool, names: OutputNames) -> 
 
 
 def _restore_settings(out: str, names: OutputNames) -> None:
-    """The job's ``encoding.json`` from the copy in the pending folder where only that is there:
-    a run resumed from a bucket before it finished (the sidecars are uploaded last)."""
-    settings, kept = os.path.join(out, ENCODING_FILE), os.path.join(out, names.pending_settings)
-    if not os.path.exists(settings) and os.path.exists(kept):
-        with open(kept, "rb") as f:
-            write_atomically(settings, f.read())
+    """The job's ``encoding.json`` and the run's skip log from their copies in the pending
+    folder where only those are there: a run resumed from a bucket before it finished (the
+    sidecars are uploaded last)."""
+    for name, kept in (
+        (ENCODING_FILE, names.pending_settings),
+        (names.skipped, names.pending_skipped),
+    ):
+        path, copy = os.path.join(out, name), os.path.join(out, kept)
+        if not os.path.exists(path) and os.path.exists(copy):
+            with open(copy, "rb") as f:
+                write_atomically(path, f.read())
 
 
-def _keep_settings(out: str, names: OutputNames) -> None:
-    """Copy the job's ``encoding.json`` into the pending folder, once: the pending rows' shards
-    were written with it (``_restore_settings``)."""
+def _keep_copies(out: str, names: OutputNames) -> None:
+    """Copy the job's ``encoding.json`` (once: the pending rows' shards were written with it)
+    and the run's skip log so far into the pending folder (``_restore_settings``)."""
     kept = os.path.join(out, names.pending_settings)
     if not os.path.exists(kept):
         with open(os.path.join(out, ENCODING_FILE), "rb") as f:
             write_atomically(kept, f.read())
+    with open(os.path.join(out, names.skipped), "rb") as f:
+        write_atomically(os.path.join(out, names.pending_skipped), f.read())
 
 
 def _load_done(target: Output, names: OutputNames) -> _Done:
@@ -371,9 +378,10 @@ class _Run:
         self.shard.close()
         name = os.path.basename(self.shard.path)
         os.makedirs(os.path.join(self.out, self.names.pending), exist_ok=True)
-        _keep_settings(self.out, self.names)
+        _keep_copies(self.out, self.names)
         _write_table(os.path.join(self.out, self.names.pending_rows(name)), self.rows)
-        self.target.publish(name, [self.names.pending_settings, self.names.pending_rows(name)])
+        state = [self.names.pending_settings, self.names.pending_skipped]
+        self.target.publish(name, [*state, self.names.pending_rows(name)])
         self.result.shards.append(name)
         self.shard, self.rows = None, []
         self.next_shard += 1
@@ -389,7 +397,7 @@ class _Run:
 
 def _merge_manifest(target: Output, names: OutputNames) -> None:
     """The run's manifest from every finished shard's rows; the pending folder (the per-shard
-    rows, the settings' copy) is then removed."""
+    rows, the copies of the settings and the skip log) is then removed."""
     out = target.folder
     done = _load_done(target, names)
     _write_table(os.path.join(out, names.manifest), done.rows)
