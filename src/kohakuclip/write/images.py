@@ -38,7 +38,7 @@ from tqdm import tqdm
 from kohakuclip._cpus import usable_cpus
 from kohakuclip.formats import ENCODING_FILE, IMAGE_CODECS, IMAGE_MANIFEST_SCHEMA, INDEX_MEMBER
 from kohakuclip.storage.image_index import encode_image_index, image_records
-from kohakuclip.storage.remote import is_store_failure, is_url
+from kohakuclip.storage.remote import is_store_failure
 from kohakuclip.storage.zip import ZipWriter
 from kohakuclip.write._atomic import PendingFile, naming, replacing, write_atomically
 from kohakuclip.write.image_codecs import (
@@ -51,7 +51,7 @@ from kohakuclip.write.image_prepare import Backend, ImageSkip, prepare
 from kohakuclip.write.image_sources import SourceImage, iter_sources
 from kohakuclip.write.parts import OutputNames, Part, earlier_run
 from kohakuclip.write.shards import check_ray_options
-from kohakuclip.write.upload import Output, WriteError, check_staging, staged
+from kohakuclip.write.upload import Output, WriteError, check_staging, output
 
 __all__ = [
     "EncodedImage",
@@ -398,9 +398,7 @@ class _ImageJob:
         # every path checked (a part's images listed and selected) before the output is touched
         items = iter_sources(list(sources), part)
         run = (self.settings, names, self.workers or usable_cpus(), progress, resume, on_item)
-        if not is_url(out):
-            return _write_run(Output(out), items, *run)
-        with staged(out, staging, names, resume) as target:
+        with output(out, staging, names, resume) as target:
             return _write_run(target, items, *run)
 
 

@@ -38,14 +38,14 @@ from tqdm import tqdm
 
 from kohakuclip._cpus import usable_cpus
 from kohakuclip.formats import ENCODING_FILE, MANIFEST_FILE, VIDEO_MANIFEST_SCHEMA, VideoEntry
-from kohakuclip.storage.remote import is_store_failure, is_url
+from kohakuclip.storage.remote import is_store_failure
 from kohakuclip.write._atomic import TEMP_SUFFIX, naming, replacing, write_atomically
 from kohakuclip.write.gulp_videos import encode_gulp_video
 from kohakuclip.write.pack import Container, PackError, ShardWriter
 from kohakuclip.write.parts import ANY_SHARD_RE, OutputNames, Part, earlier_run
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.sources import Source, expand_sources
-from kohakuclip.write.upload import Output, WriteError, check_staging, staged
+from kohakuclip.write.upload import Output, WriteError, check_staging, output
 from kohakuclip.write.video import EncodedVideo, EncodeError, encode_video
 
 __all__ = ["PARTS_DIR", "WriteError", "WriteResult", "check_ray_options", "write_videos"]
@@ -545,10 +545,8 @@ class _Job:
         """Write the whole job (``part`` None) or one part of it into ``out``: a folder, or a
         URL prefix built in ``staging`` (None: a temporary folder) and uploaded shard by
         shard."""
-        if not is_url(out):
-            return self.run(Output(out), sources, part, resume, progress, on_video)
-        with staged(out, staging, OutputNames(part), resume) as stage:
-            return self.run(stage, sources, part, resume, progress, on_video)
+        with output(out, staging, OutputNames(part), resume) as target:
+            return self.run(target, sources, part, resume, progress, on_video)
 
     def run(
         self,

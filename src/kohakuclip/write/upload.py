@@ -49,6 +49,7 @@ __all__ = [
     "WriteError",
     "check_staging",
     "nothing_stored",
+    "output",
     "output_arguments",
     "present_objects",
     "skip_log",
@@ -245,6 +246,17 @@ def staged(
     finally:
         if staging is None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def output(out: str, staging: str | None, names: OutputNames, resume: bool) -> Iterator[Output]:
+    """Where the run (part) ``names`` writes for the block: the local folder ``out``, or the
+    URL prefix ``out`` built in ``staging`` (``staged``)."""
+    if not is_url(out):
+        yield Output(out)
+        return
+    with staged(out, staging, names, resume) as stage:
+        yield stage
 
 
 def check_staging(out: str, staging: str | None) -> None:
