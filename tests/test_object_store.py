@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import zipfile
 from collections.abc import Callable
@@ -619,6 +620,7 @@ def test_write_images_to_a_bucket_then_resume(s3, media, tmp_path):
 # -- the video writer and merge against the bucket ---------------------------------------------
 
 WRITE_ARGS = ["--codec", "av1", "--preset", "12", "--per-shard", "1", "--workers", "1", "--quiet"]
+FAST_VIDEOS = {"codec": "av1", "preset": 12, "per_shard": 1, "workers": 1, "progress": False}
 WRITE_TIMEOUT = 120  # seconds a writer subprocess may take on a loaded machine
 
 
@@ -729,7 +731,7 @@ def test_write_videos_and_images_take_a_url_from_python(
     from kohakuclip import write_images, write_videos
 
     monkeypatch.chdir(tmp_path)  # a URL taken for a local path would show up here as ./s3:
-    fast = {"codec": "av1", "preset": 12, "per_shard": 1, "workers": 1, "progress": False}
+    fast = FAST_VIDEOS
     url = f"s3://{BUCKET}/from-python"  # no trailing slash: a prefix all the same
     staging = tmp_path / "staging"
     result = write_videos(url, [videos], staging=str(staging), **fast)
@@ -758,6 +760,75 @@ def test_write_videos_and_images_take_a_url_from_python(
         write_videos(tmp_path / "here", [videos], staging=str(staging), **fast)
     with pytest.raises(ValueError, match=r"staging \(--staging\) is for a URL output"):
         write_images(tmp_path / "here", [photos], staging=str(staging), **options)
+
+
+def test_the_next_shard_is_encoded_while_one_uploads(
+    s3, videos, local_write, tmp_path, monkeypatch
+):
+    """Uploads run in their own thread: the writer finishes its second shard while the first is
+    still going up (were uploads on the writing thread, the first would wait here in vain)."""
+    from kohakuclip import write_videos
+    from kohakuclip.write import upload
+
+    first, second = _shard_names(local_write)[:2]
+    second_finished = threading.Event()
+    publish, put = upload.StagedOutput.publish, upload.put_object
+    waited: list[bool] = []
+
+    def publishing(self, shard, state):
+        publish(self, shard, state)
+        if shard == second:
+            second_finished.set()
+
+    def slow_put(url, *args):
+        if url.endswith("/" + first):
+            waited.append(second_finished.wait(timeout=20))
+        put(url, *args)
+
+    monkeypatch.setattr(upload.StagedOutput, "publish", publishing)
+    monkeypatch.setattr(upload, "put_object", slow_put)
+    staging = tmp_path / "staging"
+    write_videos(f"s3://{BUCKET}/overlapped/", [videos], staging=str(staging), **FAST_VIDEOS)
+    assert waited == [True]
+    names = _bucket_names(s3, "overlapped/")
+    assert names == sorted(os.listdir(local_write))
+    for name in names:  # bit for bit the local run's files
+        assert _bucket_reader(s3, "overlapped/")(name) == _local_reader(local_write)(name), name
+    assert not list(staging.glob("*shard_*"))
+
+
+def test_a_failed_upload_stops_the_writer_and_a_resume_completes(
+    s3, videos, local_write, tmp_path, monkeypatch
+):
+    """An upload that fails in the upload thread stops the run with the store's error (never a
+    manifest over a missing shard); a resume on another node keeps what went up."""
+    from kohakuclip import ObjectStoreError, write_videos
+    from kohakuclip.write import upload
+
+    first, second = _shard_names(local_write)[:2]
+    put = upload.put_object
+
+    def failing(url, *args):
+        if url.endswith("/" + second):
+            raise ObjectStoreError(f"{url}: 503 Service Unavailable after retries")
+        put(url, *args)
+
+    monkeypatch.setattr(upload, "put_object", failing)
+    url, prefix = f"s3://{BUCKET}/upload-failed/", "upload-failed/"
+    with pytest.raises(ObjectStoreError, match=f"{second}: 503"):
+        write_videos(url, [videos], staging=str(tmp_path / "node-a"), **FAST_VIDEOS)
+    at_stop = _bucket_names(s3, prefix)
+    assert first in at_stop and second not in at_stop
+    assert "manifest.parquet" not in at_stop
+    monkeypatch.setattr(upload, "put_object", put)  # the store is back
+    resumed = write_videos(
+        url, [videos], resume=True, staging=str(tmp_path / "node-b"), **FAST_VIDEOS
+    )
+    assert (resumed.resumed_videos, resumed.videos) == (1, 2)
+    names = _bucket_names(s3, prefix)
+    assert names == sorted(os.listdir(local_write))
+    for name in names:
+        assert _bucket_reader(s3, prefix)(name) == _local_reader(local_write)(name), name
 
 
 def test_video_writer_killed_mid_run_resumes_on_another_node(s3, tmp_path, monkeypatch, capsys):
@@ -925,7 +996,7 @@ def test_ray_tasks_stage_their_own_parts_and_merge_at_the_url(
         runtime_env={"env_vars": env},
     )
     try:
-        fast = {"codec": "av1", "preset": 12, "per_shard": 1, "workers": 1, "progress": False}
+        fast = FAST_VIDEOS
         url, prefix = f"s3://{BUCKET}/on-ray/", "on-ray/"
         result = write_videos(url, items, ray=True, ray_parts=2, **fast)
         with pytest.raises(ValueError, match="staging"):

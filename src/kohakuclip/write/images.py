@@ -434,6 +434,7 @@ def _write_run(
     _clear(out, names, [os.path.basename(p) for p in summary.shards])
     todo = (item for item in items if item.origin not in done)
     _encode(target, todo, settings, names, workers, progress, summary, on_item)
+    target.drain()  # the pending files the last uploads send are removed next
     _finish_run(out, names, settings, summary)
     return summary
 

@@ -604,5 +604,6 @@ class _Job:
         finally:
             run.close()
             bar.close()
+        target.drain()  # the merge removes the pending files the last uploads send
         _merge_manifest(target, names)
         return run.result

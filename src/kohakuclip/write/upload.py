@@ -8,26 +8,30 @@ one). Each shard is uploaded as soon as it is finished, then the files that let 
 (its manifest rows and the run's settings, in the run's hidden pending folder,
 ``OutputNames.pending``), and its local copy is removed. The sidecars (``manifest.parquet``,
 ``encoding.json``, ``skipped.jsonl``) go up last, when the run (part) finishes, and then the
-pending objects are deleted. Each object is one PUT or a multipart upload (obstore picks by size)
+pending objects are deleted. Uploads run in a background thread, in the order the shards were
+finished, so the encoders never wait for the network: staging holds at most the shard being
+written and two finished ones, and a run that stops (an error, Ctrl-C, SIGTERM) first lets the
+finished shards' uploads end. Each object is one PUT or a multipart upload (obstore picks by size)
 and becomes visible only once complete, so a writer killed anywhere (SIGKILL, a lost node) loses
-at most the shard it was writing. A resumed run, on any node and with any staging folder, first
-downloads what its staging folder lacks of the run's small files (the job's ``encoding.json``,
-the run's pending folder and sidecars; never a shard) and continues after the shards the prefix
-holds.
+at most the shard it was writing and the finished ones still waiting to go up. A resumed run, on
+any node and with any staging folder, first downloads what its staging folder lacks of the run's
+small files (the job's ``encoding.json``, the run's pending folder and sidecars; never a shard)
+and continues after the shards the prefix holds.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import queue
 import shutil
 import signal
 import sys
 import tempfile
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kohakuclip.errors import KohakuClipError, os_error_text
@@ -135,6 +139,10 @@ class Output:
         """Hand over the finished ``shard`` and the ``state`` files (names under the folder)
         that let a resumed run keep it: a local folder keeps them where they are."""
 
+    def drain(self) -> None:
+        """Wait until every finished shard was handed over (a URL output's uploads end); raise
+        the first upload that failed."""
+
 
 @dataclass
 class StagedOutput(Output):
@@ -146,6 +154,11 @@ class StagedOutput(Output):
     url: str
     names: OutputNames
     present: dict[str, int]
+    _queue: queue.Queue[tuple[str, list[str]] | None] = field(
+        default_factory=lambda: queue.Queue(maxsize=1), init=False, repr=False
+    )
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
+    _failure: BaseException | None = field(default=None, init=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -159,18 +172,50 @@ class StagedOutput(Output):
         return shard in self.present or super().has_shard(shard)
 
     def publish(self, shard: str, state: Sequence[str]) -> None:
-        """Upload the finished ``shard``, then its ``state`` files (the object that records a
-        shard never comes before the shard), and remove the shard's local copy."""
-        self._put(shard)
-        os.remove(self._local(shard))
-        for name in state:
-            self._put(name)
+        """Queue the finished ``shard`` and its ``state`` files for the upload thread, which
+        sends the shard, removes its local copy, then sends the state files (the object that
+        records a shard never comes before the shard). Returns at once unless a finished shard
+        is already waiting; an upload that failed is raised here (or by ``finish``)."""
+        self._raise_failure()
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._upload_queued, name="kohakuclip-upload", daemon=True
+            )
+            self._thread.start()
+        self._queue.put((shard, list(state)))
+
+    def _upload_queued(self) -> None:
+        """The upload thread: each queued shard and its state files, until ``None``; after a
+        failure the rest is only taken off the queue (``publish`` must not wait forever)."""
+        while (item := self._queue.get()) is not None:
+            if self._failure is not None:
+                continue
+            shard, state = item
+            try:
+                self._put(shard)
+                os.remove(self._local(shard))
+                for name in state:
+                    self._put(name)
+            except BaseException as e:
+                self._failure = e
+
+    def drain(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
 
     def finish(self) -> None:
         """The run (part) succeeded: upload its files in staging the prefix lacks at the same
         size (its sidecars; never a file half-written or the pending folder; the run's record
         last: the image writer takes it to mean the run finished), then delete the run's
         pending objects."""
+        self.drain()
         pending = self.names.pending + "/"
         ready = [
             name
@@ -231,7 +276,9 @@ def staged(
     """The run (part) ``names`` at the URL prefix ``out``, built in ``staging`` (kept) or in a
     temporary folder (removed afterwards), with its state fetched; its sidecars go up when the
     block ends without an error. The prefix is listed before the folder is made (see the module
-    doc): ObjectStoreError, or WriteError for an earlier run without ``resume``."""
+    doc): ObjectStoreError, or WriteError for an earlier run without ``resume``. A block that
+    raises first lets the finished shards' uploads end (a second Ctrl-C abandons them); an
+    upload failing then is dropped: the block's own exception is the one raised."""
     url = _prefix(out)
     present = present_objects(url)
     if not resume:
@@ -241,7 +288,12 @@ def staged(
         os.makedirs(folder, exist_ok=True)
         stage = StagedOutput(folder, out, url, names, present)
         stage.fetch_state()
-        yield stage
+        try:
+            yield stage
+        except BaseException:
+            with suppress(Exception):
+                stage.drain()
+            raise
         stage.finish()
     finally:
         if staging is None:
