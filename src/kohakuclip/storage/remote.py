@@ -379,6 +379,12 @@ def _coalesce(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in merged]
 
 
+def _bare_etag(tag: str) -> str:
+    """An ETag without its quotes (and weak mark): Azure lists them bare, and quotes them in
+    the headers of the same object's reads."""
+    return tag.removeprefix("W/").strip('"')
+
+
 async def _get(obj: RemoteObject, start: int, end: int, gate: asyncio.Semaphore) -> Any:
     import obstore
 
@@ -392,7 +398,7 @@ async def _get(obj: RemoteObject, start: int, end: int, gate: asyncio.Semaphore)
         except Exception as e:
             raise describe_error(obj.url, e) from None
     tag = result.meta.get("e_tag")
-    if obj.etag and tag and tag != obj.etag:  # a server that ignored If-Match
+    if obj.etag and tag and _bare_etag(tag) != _bare_etag(obj.etag):  # If-Match ignored
         raise ObjectStoreError(f"{obj.url}: the object changed while it was read (ETag mismatch)")
     return data
 
