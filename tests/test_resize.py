@@ -15,6 +15,7 @@ from PIL import Image
 
 from kohakuclip.decode._resize import (
     PRECISION_BITS,
+    _store_transposed,
     resize,
     resize_taps,
     resize_window,
@@ -245,3 +246,22 @@ def test_random_sizes_sweep() -> None:
         got = resize(src, out_h, out_w)
         np.testing.assert_array_equal(got, _emulate(src, out_h, out_w))
         assert np.abs(got.astype(int) - _pillow(src, out_h, out_w)).max() <= 1, (h, w, out_h, out_w)
+
+
+def test_transposed_stores_are_numpy_transposes() -> None:
+    """The kernel's tiled transposes (16x16 tiles, 8x8 ones at their edges, bytes at the last
+    edges) against numpy, for block shapes on either side of each tile size, at an offset into
+    a wider output, and into a strided output (bytes only)."""
+    rng = np.random.default_rng(9)
+    for rows in (1, 7, 8, 9, 15, 16, 17, 24, 33, 64):
+        for ncols in (1, 8, 15, 16, 23, 24, 40, 404):
+            block = rng.integers(0, 256, (64, ncols + 5), dtype=np.uint8)
+            out = rng.integers(0, 256, (ncols + 3, 100), dtype=np.uint8)
+            want = out.copy()
+            want[:ncols, 20 : 20 + rows] = block[:rows, :ncols].T
+            _store_transposed(block, rows, ncols, out, 20)
+            np.testing.assert_array_equal(out, want, err_msg=f"{rows} x {ncols}")
+    block = rng.integers(0, 256, (32, 40), dtype=np.uint8)
+    wide = np.zeros((40, 64), np.uint8)
+    _store_transposed(block, 32, 40, wide[:, ::2], 0)
+    np.testing.assert_array_equal(wide[:, ::2], block.T)
