@@ -385,12 +385,17 @@ def _bare_etag(tag: str) -> str:
     return tag.removeprefix("W/").strip('"')
 
 
+def _header_etag(tag: str) -> str:
+    """An ETag as an ``If-Match`` header carries it: quoted (a listing's bare one too)."""
+    return tag if tag.startswith(('"', "W/")) else f'"{tag}"'
+
+
 async def _get(obj: RemoteObject, start: int, end: int, gate: asyncio.Semaphore) -> Any:
     import obstore
 
     options: dict[str, Any] = {"range": (start, end)}
     if obj.etag:
-        options["if_match"] = obj.etag
+        options["if_match"] = _header_etag(obj.etag)
     async with gate:
         try:
             result = await obstore.get_async(obj.store, obj.key, options=cast(Any, options))
