@@ -175,26 +175,35 @@ def _node() -> tuple[str, list[str]] | None:
 
 def azurite_script(cache: str) -> str | None:
     """Azurite's blob server script, installed from npm into ``cache`` on first use (one
-    process installs, the others wait for it); None without node or npm's registry."""
+    process installs, the others wait for it; an install that did not finish is redone); None
+    without node, or when npm fails or takes over 5 minutes."""
     script = os.path.join(cache, "node_modules", "azurite", "dist", "src", "blob", "main.js")
+    installed = os.path.join(cache, f"installed-{AZURITE_VERSION}")
     found = _node()
     if found is None:
         return None
     node, npm = found
+    path = os.path.dirname(node) + os.pathsep + os.environ.get("PATH", "")
     os.makedirs(cache, exist_ok=True)
     with open(os.path.join(cache, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not os.path.exists(script):
-            subprocess.run(
-                [*npm, "install", "--prefix", cache, "--no-audit", "--no-fund", "--silent",
-                 f"azurite@{AZURITE_VERSION}"],
-                env={**os.environ, "PATH": os.path.dirname(node) + os.pathsep + os.environ["PATH"]},
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=300,
-                check=False,
-            )  # fmt: skip
-    return script if os.path.exists(script) else None
+        if not os.path.exists(installed):
+            try:
+                done = subprocess.run(
+                    [*npm, "install", "--prefix", cache, "--no-audit", "--no-fund", "--silent",
+                     f"azurite@{AZURITE_VERSION}"],
+                    env={**os.environ, "PATH": path},
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=300,
+                    check=False,
+                )  # fmt: skip
+            except subprocess.TimeoutExpired:
+                return None
+            if done.returncode != 0 or not os.path.exists(script):
+                return None
+            open(installed, "w").close()
+    return script
 
 
 @dataclass
@@ -273,6 +282,7 @@ class HttpFiles:
     files: dict[str, bytes] = field(default_factory=dict)
     failures: dict[str, list[int]] = field(default_factory=dict)  # path -> statuses to answer
     delay: float = 0.0  # seconds before each answer
+    bare_etags: bool = False  # ETags sent without their quotes (as some servers do)
     requests: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, range
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -308,7 +318,7 @@ class _Handler(BaseHTTPRequestHandler):
         if data is None:
             self._empty(404)
             return
-        tag = _etag(data)
+        tag = _etag(data).strip('"') if state.bare_etags else _etag(data)
         wanted = self.headers.get("If-Match")
         if wanted and wanted != tag:
             self._empty(412)

@@ -385,9 +385,12 @@ def _bare_etag(tag: str) -> str:
     return tag.removeprefix("W/").strip('"')
 
 
-def _header_etag(tag: str) -> str:
-    """An ETag as an ``If-Match`` header carries it: quoted (a listing's bare one too)."""
-    return tag if tag.startswith(('"', "W/")) else f'"{tag}"'
+def _header_etag(url: str, tag: str) -> str:
+    """``tag`` as an ``If-Match`` header carries it: an Azure listing's bare ETag quoted, as
+    Azure's own headers have it; any other store's as it gave it (a server that sends bare
+    ETags may compare If-Match as plain text)."""
+    bare = not tag.startswith(('"', "W/"))
+    return f'"{tag}"' if bare and _family(url.partition("://")[0].lower()) == "az" else tag
 
 
 async def _get(obj: RemoteObject, start: int, end: int, gate: asyncio.Semaphore) -> Any:
@@ -395,7 +398,7 @@ async def _get(obj: RemoteObject, start: int, end: int, gate: asyncio.Semaphore)
 
     options: dict[str, Any] = {"range": (start, end)}
     if obj.etag:
-        options["if_match"] = _header_etag(obj.etag)
+        options["if_match"] = _header_etag(obj.url, obj.etag)
     async with gate:
         try:
             result = await obstore.get_async(obj.store, obj.key, options=cast(Any, options))

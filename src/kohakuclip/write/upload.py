@@ -159,6 +159,7 @@ class StagedOutput(Output):
     )
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
     _failure: BaseException | None = field(default=None, init=False, repr=False)
+    _abandoned: bool = field(default=False, init=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -186,23 +187,37 @@ class StagedOutput(Output):
 
     def _upload_queued(self) -> None:
         """The upload thread: each queued shard and its state files, until ``None``; after a
-        failure the rest is only taken off the queue (``publish`` must not wait forever)."""
-        while (item := self._queue.get()) is not None:
-            if self._failure is not None:
+        failure, or once abandoned, the rest is only taken off the queue (``publish`` must not
+        wait forever). It looks at the queue every second too: a signal that interrupted
+        ``publish`` between its append and its wake-up call leaves an item nobody announced."""
+        while True:
+            try:
+                item = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            if self._failure is not None or self._abandoned:
                 continue
             shard, state = item
             try:
-                self._put(shard)
-                os.remove(self._local(shard))
-                for name in state:
+                for name in (shard, *state):
+                    if self._abandoned:
+                        break
                     self._put(name)
+                    if name == shard:
+                        os.remove(self._local(shard))
             except BaseException as e:
                 self._failure = e
 
     def drain(self) -> None:
         if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
+            try:
+                self._queue.put(None)
+                self._thread.join()
+            except BaseException:  # a second Ctrl-C: no further object goes up
+                self._abandoned = True
+                raise
             self._thread = None
         self._raise_failure()
 
