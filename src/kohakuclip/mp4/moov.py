@@ -20,6 +20,7 @@ from typing import Literal, NamedTuple, get_args
 import numpy as np
 
 from kohakuclip.codecs.annexb import AnnexBError, nal_length_size, parameter_sets_annexb
+from kohakuclip.codecs.colour import MATRIX_NAMES
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.mp4.boxes import Box, Mp4Error, ReadAt, children, iter_boxes, top_level_boxes
 from kohakuclip.mp4.edits import Edit, apply_edits
@@ -53,9 +54,6 @@ _OBJECT_TYPES = {
 }
 _VISUAL_SAMPLE_ENTRY = 78
 """Bytes of a VisualSampleEntry before its child boxes (after the 8-byte box header)."""
-
-_MATRIX_NAMES = {1: "bt709", 5: "bt601", 6: "bt601"}
-"""ISO/IEC 23091-2 matrix coefficients: BT.709, BT.470BG and SMPTE 170M (both BT.601)."""
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -307,7 +305,7 @@ def _colour(buf: memoryview, entry: dict[bytes, Box]) -> tuple[str | None, bool 
     kind = bytes(buf[colr.body : colr.body + 4])
     if kind not in (b"nclx", b"nclc"):
         return None, None
-    matrix = _MATRIX_NAMES.get(_U16.unpack_from(buf, colr.body + 8)[0])
+    matrix = MATRIX_NAMES.get(_U16.unpack_from(buf, colr.body + 8)[0])
     full_range = None
     if kind == b"nclx" and colr.end - colr.body >= 11:
         full_range = bool(buf[colr.body + 10] & 0x80)
@@ -534,7 +532,7 @@ def _sample_entry(buf: memoryview, stbl: dict[bytes, Box], where: str) -> _Sampl
         if object_type != _MPEG4_VISUAL:
             return _OBJECT_TYPES.get(object_type, f"mp4v (object type 0x{object_type:02x})")
     if codec == "vp9" and matrix is None and len(config) >= 10 and config[0] == 1:
-        matrix = _MATRIX_NAMES.get(config[9])  # vpcC version 1: matrix_coefficients
+        matrix = MATRIX_NAMES.get(config[9])  # vpcC version 1: matrix_coefficients
         full_range = bool(config[6] & 1)
     return _SampleEntry(codec, width, height, config, length_size, prefix, matrix, full_range)
 

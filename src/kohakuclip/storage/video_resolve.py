@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from kohakuclip.codecs.av1 import Av1Deps, Av1ParseError, analyze
+from kohakuclip.codecs.colour import guessed_colorspace, stream_colour
 from kohakuclip.codecs.h26x import keep_sizes
 from kohakuclip.formats import (
     AV1_DEPS_KEY,
@@ -195,6 +196,12 @@ def _from_moov(
                 keep = None if deps is None else deps.keep
             elif skip_tables and mp4.codec in ("h264", "hevc"):
                 keep = _h26x_keep(f, mp4, where)
+            matrix, full_range = mp4.matrix, mp4.full_range
+            if matrix is None and len(mp4.sizes):  # no colr box: what the stream declares
+                first = f.read(int(mp4.offsets[0]), int(mp4.sizes[0]))
+                declared = stream_colour(mp4.codec, mp4.prefix, first, mp4.nal_length_size)
+                matrix = declared[0]
+                full_range = declared[1] if full_range is None else full_range
     except ValueError as e:
         raise SourceError(str(e)) from None
     sizes = np.asarray(mp4.sizes, dtype=np.uint32)
@@ -203,8 +210,8 @@ def _from_moov(
         width=mp4.width,
         height=mp4.height,
         fps=float(mp4.fps),
-        colorspace=mp4.matrix or ("bt709" if min(mp4.width, mp4.height) >= 720 else "bt601"),
-        full_range=bool(mp4.full_range),
+        colorspace=matrix or guessed_colorspace(mp4.width, mp4.height),
+        full_range=bool(full_range),
         prefix=bytes(mp4.prefix),
         nal_length_size=int(mp4.nal_length_size),
         path=path,

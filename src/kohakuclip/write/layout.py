@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from kohakuclip.codecs.colour import is_hd
 from kohakuclip.formats import Colorspace
 
 __all__ = [
@@ -20,7 +21,6 @@ __all__ = [
     "Orientation",
     "choose_colour",
     "display_matrix_orientation",
-    "is_hd",
     "plan_layout",
     "stored_size",
 ]
@@ -32,9 +32,6 @@ _BT709, _SMPTE170M = 1, 6
 _STORED_MATRIX: dict[int, Colorspace] = {1: "bt709", 5: "bt601", 6: "bt601"}
 _UNSPECIFIED = 2
 _LIMITED, _FULL = 1, 2
-
-HD_SHORT_SIDE = 720
-HD_LONG_SIDE = 1280
 
 
 @dataclass(frozen=True)
@@ -90,11 +87,6 @@ def stored_size(width: float, height: float, max_short: int) -> tuple[int, int]:
     new_short = max(2, int(capped) // 2 * 2)
     new_long = min(_even(long * new_short / short), max(2, int(long) // 2 * 2))
     return (new_long, new_short) if width >= height else (new_short, new_long)
-
-
-def is_hd(width: int, height: int) -> bool:
-    """The usual guess for untagged video: HD (BT.709) from 720p up, SD (BT.601) below."""
-    return min(width, height) >= HD_SHORT_SIDE or max(width, height) >= HD_LONG_SIDE
 
 
 @dataclass(frozen=True)

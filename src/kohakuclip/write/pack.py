@@ -18,12 +18,14 @@ from typing import Literal, cast, get_args
 import numpy as np
 
 from kohakuclip.codecs.av1 import Av1Deps, Av1DepsIndex, analyze
+from kohakuclip.codecs.colour import guessed_colorspace, stream_colour
 from kohakuclip.codecs.h26x import keep_sizes
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import (
     FLAG_KEYFRAME,
     FRAME_RECORD,
     INDEX_MEMBER,
+    Colorspace,
     VideoCodec,
     VideoEntry,
 )
@@ -32,7 +34,6 @@ from kohakuclip.storage.index import VideoIndex
 from kohakuclip.storage.tar import TarWriter
 from kohakuclip.storage.zip import ZipWriter
 from kohakuclip.write._atomic import PendingFile, naming
-from kohakuclip.write.layout import is_hd
 
 __all__ = ["Container", "PackError", "ShardWriter", "pack"]
 
@@ -54,6 +55,14 @@ def _sample_views(data: bytes, track: Mp4Track) -> list[memoryview]:
     view = memoryview(data)
     offsets, sizes = track.offsets.tolist(), track.sizes.tolist()
     return [view[s : s + z] for s, z in zip(offsets, sizes, strict=True)]
+
+
+def _colorspace(track: Mp4Track, samples: list[memoryview]) -> Colorspace:
+    """The matrix the index records: the ``colr`` box's, else the stream's, else the guess."""
+    matrix = track.matrix
+    if matrix is None and samples:
+        matrix = stream_colour(track.codec, track.prefix, samples[0], track.nal_length_size)[0]
+    return matrix or guessed_colorspace(track.width, track.height)
 
 
 class ShardWriter:
@@ -130,7 +139,7 @@ class ShardWriter:
             w=int(track.width),
             codec=cast(VideoCodec, track.codec),
             prefix=track.prefix.hex(),
-            colorspace=track.matrix or ("bt709" if is_hd(track.width, track.height) else "bt601"),
+            colorspace=_colorspace(track, samples),
         )
         self._videos.append(entry)
         self._records.append(records)
