@@ -41,6 +41,7 @@ def test_the_api_page_documents_every_public_name() -> None:
     assert len(documented) == len(set(documented))
     public = [f"kohakuclip.{n}" for n in kohakuclip.__all__]
     public += [f"kohakuclip.torch.{n}" for n in _torch_all()]
+    public += [f"kohakuclip.writer.{n}" for n in kohakuclip.writer.__all__]  # 1.0.0's names
     assert sorted(documented) == sorted(public)
 
 
