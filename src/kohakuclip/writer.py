@@ -10,10 +10,11 @@ import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 from kohakuclip.write.ffmpeg_backend import FFMPEG_ENV
 from kohakuclip.write.pack import Container
-from kohakuclip.write.shards import Backend, write_videos
+from kohakuclip.write.shards import write_videos
 
 __all__ = ["Encoding", "write"]
 
@@ -46,7 +47,7 @@ def write(
     per_shard: int = 1000,
     workers: int = 2,
     container: Container = "zip",
-    backend: Backend = "native",
+    backend: Literal["native", "ffmpeg"] = "native",
     ffmpeg: str = "ffmpeg",
 ) -> list[str]:
     """Encode ``sources`` into shards under ``out_dir``; the paths of the shards written.
