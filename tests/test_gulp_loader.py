@@ -113,6 +113,19 @@ def test_samplers_choose_the_items(gulp_dir: str, workers: int) -> None:
         DataLoader(dataset, 2, batch_sampler=groups)
 
 
+def test_gulpios_positional_order_and_pin_memory(gulp_dir: str) -> None:
+    """GulpIO's DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+    collate_fn, pin_memory, drop_last), positionally as GulpIO code calls it; pin_memory=True
+    warns and changes nothing."""
+    dataset = GulpImageDataset(gulp_dir)
+    drawn = [6, 6, 0, 3, 5]
+    want = DataLoader(dataset, 2, sampler=drawn, drop_last=True)
+    with pytest.warns(UserWarning, match=r"pin_memory=True\) does nothing"):
+        positional = DataLoader(dataset, 2, False, drawn, None, 0, collate, True, True)
+    assert positional.batches(0) == want.batches(0) == [[6, 6], [0, 3]]
+    assert_same(list(positional), list(want))
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_workers_give_the_batches_of_one_process(gulp_dir: str, context: str) -> None:
     """Each iteration is the next epoch, with the same draws in workers as in this process."""

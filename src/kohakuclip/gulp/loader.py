@@ -20,6 +20,7 @@ import queue
 import signal
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from multiprocessing.context import BaseContext
 from typing import Any
@@ -206,6 +207,8 @@ class DataLoader:
         drop_last: leave out the last batch when it has fewer than ``batch_size`` items.
         collate_fn: items to a batch (default ``collate``: (frames, label) items become a
             uint8 [B, ...] array and an int64 [B] array).
+        pin_memory: taken for GulpIO's signature (its positional order is kept up to here);
+            True warns that it does nothing: the batches are numpy arrays, not tensors.
         seed: seed of the shuffled order.
         prefetch: batches in flight per worker.
         timeout: seconds to wait for a worker's batch, the workers' start-up included for
@@ -223,12 +226,13 @@ class DataLoader:
         dataset: Any,
         batch_size: int = 1,
         shuffle: bool = False,
-        *,
         sampler: Iterable[int] | None = None,
         batch_sampler: Iterable[Sequence[int]] | None = None,
         num_workers: int = 0,
-        drop_last: bool = False,
         collate_fn: Callable[[list[Any]], Any] = collate,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        *,
         seed: int = 0,
         prefetch: int = 2,
         timeout: float = 0,
@@ -237,6 +241,12 @@ class DataLoader:
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if pin_memory:
+            warnings.warn(
+                "DataLoader(pin_memory=True) does nothing here: batches are numpy arrays (pin "
+                "them after torch.from_numpy, or use kohakuclip.torch.ClipLoader)",
+                stacklevel=2,
+            )
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if prefetch < 1:
