@@ -96,6 +96,35 @@ def test_tuned_encoder_beats_libjpeg_turbo_at_equal_psnr():
     assert len(tuned.data) < 0.97 * len(turbo.data), (len(tuned.data), len(turbo.data), q)
 
 
+def test_jpegli_encoder_stores_baseline_jpegs_every_reader_decodes(tmp_path):
+    """``jpeg_encoder="jpegli"`` (the [jpegli] extra): baseline JFIF (full range, colour even
+    for gray inputs), close to the source through libjpeg-turbo, and read back by ImageReader
+    as Pillow decodes it."""
+    pytest.importorskip("pyjpegli")
+    from kohakuclip import ImageReader
+
+    pixels = photo(240, 320, seed=4)
+    stored = encode_pixels(pixels, "jpeg", 70, "jpegli")
+    assert (stored.codec, stored.color) == ("jpeg", COLOR_FULL_RANGE)
+    markers = _jpeg_markers(stored.data)
+    assert 0xC0 in markers and not ({0xC1, 0xC2} & set(markers))
+    assert psnr(simplejpeg.decode_jpeg(stored.data), pixels) > 30
+    gray = encode_pixels(pixels[:, :, 0], "jpeg", 70, "jpegli")
+    assert gray.color == COLOR_FULL_RANGE and len(_sampling(gray.data)) == 3
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    Image.fromarray(pixels).save(folder / "p.png")
+    write_images(tmp_path / "out", [folder], jpeg_encoder="jpegli", min_short=0, progress=False)
+    shard = str(tmp_path / "out" / "shard_00000.zip")
+    with zipfile.ZipFile(shard) as z:
+        data = z.read("p.jpg")
+    assert data[:2] == b"\xff\xd8" and 0xC0 in _jpeg_markers(data)
+    with ImageReader(shard, size=240, crop="center", dct_scale=False) as reader:
+        got = reader.read([0]).image[0]
+    want = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))[:, 40:280].transpose(2, 0, 1)
+    assert psnr(got, want) > 40
+
+
 def test_quality_table_follows_libjpeg_scaling():
     assert quality_table(50)[:3] == [16, 16, 16]
     assert quality_table(100) == [1] * 64
