@@ -229,6 +229,45 @@ def test_yuv_modes_finish_to_the_rgb_output(shard, mode, crop):
         assert psnr(back[i].numpy(), rgb.image[i]) > 30, i  # chroma at half resolution
 
 
+@pytest.fixture(scope="module")
+def other_sources(tmp_path_factory) -> dict[str, str]:
+    """The same four photos stored as AVIF, WebP and JPEG XL shards, and as a PNG folder."""
+    root = tmp_path_factory.mktemp("other-codecs")
+    src = root / "png"
+    src.mkdir()
+    for i in range(4):
+        Image.fromarray(photo(180 + 16 * i, 240, seed=60 + i)).save(src / f"{i}.png")
+    found = {"png": str(src)}
+    for codec in ("avif", "webp", "jxl"):
+        try:
+            summary = write_images(root / codec, [src], codec=codec, quality=90, min_short=0,
+                                   progress=False)  # fmt: skip
+        except ImportError:  # jxl without the [jxl] extra
+            continue
+        found[codec] = summary.shards[0]
+    return found
+
+
+@pytest.mark.parametrize("kind", ["avif", "webp", "jxl", "png"])
+@pytest.mark.parametrize("mode", ["yuv_resized", "yuv"])
+def test_yuv_modes_of_other_codecs_finish_to_the_rgb_output(other_sources, kind, mode):
+    torch = pytest.importorskip("torch")
+    from kohakuclip.torch import yuv_to_rgb
+
+    if kind not in other_sources:
+        pytest.skip(f"no {kind} encoder here")
+    options = dict(size=SIZE, crop="center", hflip=0.5, dct_scale=False, yuv_size=256)
+    with ImageReader(other_sources[kind], **options) as reader:
+        rgb = reader.read(range(4), seed=3)
+    with ImageReader(other_sources[kind], mode=mode, **options) as reader:
+        yuv = reader.read(range(4), seed=3)
+    np.testing.assert_array_equal(yuv.flips, rgb.flips)
+    back = yuv_to_rgb(yuv, size=SIZE, backend="torch")
+    assert isinstance(back, torch.Tensor) and tuple(back.shape) == (4, 3, SIZE, SIZE)
+    for i in range(4):
+        assert psnr(back[i].numpy(), rgb.image[i]) > 30, (kind, i)
+
+
 def test_yuv_window_must_fit(shard):
     reader = ImageReader(shard, size=SIZE, mode="yuv", yuv_size=128, crop="center")
     with reader, pytest.raises(ImageReadError, match="exceeds the 128-pixel yuv window"):
