@@ -19,10 +19,15 @@ from kohakuclip.storage.manifest import VideoManifests
 from kohakuclip.storage.ranged import Objects
 from kohakuclip.storage.remote import RemoteObject, is_url
 from kohakuclip.storage.video_listing import list_video_sources
-from kohakuclip.storage.video_resolve import resolve_video
+from kohakuclip.storage.video_resolve import DerivedTables, resolve_video
 from kohakuclip.tracks import VideoTrack
 
-__all__ = ["Catalog"]
+__all__ = ["DERIVED_BYTES", "Catalog"]
+
+DERIVED_BYTES = 64 << 20
+"""Bytes of ``DerivedTables`` a catalog keeps for the videos whose tracks it dropped (the
+``keep`` column and AV1 dependency records built from a whole read of a video, 4-30 bytes a
+frame): a video resolved again is not read whole again while they are kept."""
 
 
 class Catalog:
@@ -61,6 +66,8 @@ class Catalog:
         self._lock = threading.Lock()
         self._tracks: OrderedDict[int, VideoTrack] = OrderedDict()
         self._cache_size = max(1, cache_size)
+        self._derived: OrderedDict[int, DerivedTables] = OrderedDict()
+        self._derived_bytes = 0
         self.sources, self.videos = list_video_sources(sources, self.objects, use_index)
 
     def has_remote(self) -> bool:
@@ -87,6 +94,8 @@ class Catalog:
         self.files.close()
         with self._lock:
             self._tracks.clear()
+            self._derived.clear()
+            self._derived_bytes = 0
 
     # -- per video -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -111,14 +120,26 @@ class Catalog:
                 return track
         ref = self.videos[vid]
         src = self.sources[ref.source]
+        with self._lock:
+            derived = self._derived.pop(vid, None)
+            self._derived_bytes -= 0 if derived is None else derived.nbytes
         track = resolve_video(
-            self.objects, src, ref, self.where(vid), self._gulp_fps, self._skip_tables
+            self.objects, src, ref, self.where(vid), self._gulp_fps, self._skip_tables, derived
         )
         with self._lock:
             self._tracks[vid] = track
             while len(self._tracks) > self._cache_size:
-                self._tracks.popitem(last=False)
+                self._keep_derived(*self._tracks.popitem(last=False))
         return track
+
+    def _keep_derived(self, vid: int, track: VideoTrack) -> None:
+        """Keep what resolving the dropped ``track`` computed (``DerivedTables``) within
+        ``DERIVED_BYTES``, the oldest dropped first (under the lock)."""
+        derived = DerivedTables.of(track)
+        self._derived[vid] = derived
+        self._derived_bytes += derived.nbytes
+        while self._derived_bytes > DERIVED_BYTES and self._derived:
+            self._derived_bytes -= self._derived.popitem(last=False)[1].nbytes
 
     def max_short_side(self, default: int) -> int:
         """The largest short side the index headers announce; ``default`` if any is unknown."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,10 +34,31 @@ from kohakuclip.storage.video_listing import SourceError, VideoRef, VideoSource,
 from kohakuclip.storage.zip import ArchiveError, find_zip_member
 from kohakuclip.tracks import VideoTrack
 
-__all__ = ["TABLE_READ_LIMIT", "resolve_video"]
+__all__ = ["TABLE_READ_LIMIT", "DerivedTables", "resolve_video"]
 
 TABLE_READ_LIMIT = 256 << 20
 """The largest video (bytes of samples) whose skip tables are built from its samples."""
+
+
+@dataclass(frozen=True)
+class DerivedTables:
+    """What resolving a video computed from its samples rather than read from a table: the
+    ``keep`` column, the AV1 dependency records and the colour (the first sample decoded).
+    The catalog keeps them after it drops the track, so that a video resolved again is not
+    read whole again."""
+
+    keep: np.ndarray
+    av1_frames: np.ndarray | None
+    colorspace: str
+    full_range: bool
+
+    @classmethod
+    def of(cls, track: VideoTrack) -> DerivedTables:
+        return cls(track.keep, track.av1_frames, track.colorspace, track.full_range)
+
+    @property
+    def nbytes(self) -> int:
+        return self.keep.nbytes + (0 if self.av1_frames is None else self.av1_frames.nbytes)
 
 
 def resolve_video(
@@ -46,6 +68,7 @@ def resolve_video(
     where: str,
     gulp_fps: float | None = None,
     skip_tables: bool = True,
+    derived: DerivedTables | None = None,
 ) -> VideoTrack:
     """The frame table of the video ``ref`` of the source ``src``.
 
@@ -59,12 +82,14 @@ def resolve_video(
             one read of the video's samples: the dependency table of AV1 videos (no index, or
             an index without one), the ``keep`` column of H.264 / HEVC videos without an index
             (videos over ``TABLE_READ_LIMIT`` are read without skipping).
+        derived: what an earlier resolve of the same video computed (``DerivedTables``):
+            used instead of reading the samples again.
     """
     if ref.entry is not None:
-        return _from_index(objects, src, ref, where, skip_tables)
+        return _from_index(objects, src, ref, where, skip_tables, derived)
     if src.gulp is not None:
         return _from_gulp(src.gulp, src.gulp.position(ref.member), gulp_fps)
-    return _from_moov(objects, src, ref, where, skip_tables)
+    return _from_moov(objects, src, ref, where, skip_tables, derived)
 
 
 def member_location(
@@ -184,20 +209,30 @@ def _from_gulp(gulp: GulpIndex, video: int, gulp_fps: float | None) -> VideoTrac
 
 
 def _from_moov(
-    objects: Objects, src: VideoSource, ref: VideoRef, where: str, skip_tables: bool
+    objects: Objects,
+    src: VideoSource,
+    ref: VideoRef,
+    where: str,
+    skip_tables: bool,
+    derived: DerivedTables | None = None,
 ) -> VideoTrack:
     path, base, size = member_location(objects, src, ref, where)
     try:
         with _opened(objects, path, where) as f:
             mp4 = parse_mp4(lambda off, n: f.read(base + off, n), size, base=base, where=where)
-            deps, keep = None, None
-            if skip_tables and mp4.codec == "av1":
+            av1_frames, keep = None, None
+            if derived is not None:
+                av1_frames, keep = derived.av1_frames, derived.keep
+            elif skip_tables and mp4.codec == "av1":
                 deps = _analyze_av1(f, mp4.offsets, mp4.sizes, mp4.prefix, where)
-                keep = None if deps is None else deps.keep
+                av1_frames, keep = (None, None) if deps is None else (deps.frames, deps.keep)
             elif skip_tables and mp4.codec in ("h264", "hevc"):
                 keep = _h26x_keep(f, mp4, where)
-            matrix, full_range = mp4.matrix, mp4.full_range
-            if matrix is None and len(mp4.sizes):  # no colr box: what the stream declares
+            matrix: str | None = mp4.matrix
+            full_range: bool | None = mp4.full_range
+            if derived is not None:
+                matrix, full_range = derived.colorspace, derived.full_range
+            elif matrix is None and len(mp4.sizes):  # no colr box: what the stream declares
                 first = f.read(int(mp4.offsets[0]), int(mp4.sizes[0]))
                 declared = stream_colour(mp4.codec, mp4.prefix, first, mp4.nal_length_size)
                 matrix = declared[0]
@@ -220,7 +255,7 @@ def _from_moov(
         keep=sizes if keep is None else keep,
         keyframe=np.asarray(mp4.keyframes, dtype=bool),
         display=np.asarray(mp4.display, dtype=np.int64),
-        av1_frames=None if deps is None else deps.frames,
+        av1_frames=av1_frames,
         config=bytes(mp4.config),
     )
 
@@ -275,7 +310,12 @@ def _read_samples(f: RangedFile, offsets: np.ndarray, sizes: np.ndarray) -> list
 
 
 def _from_index(
-    objects: Objects, src: VideoSource, ref: VideoRef, where: str, skip_tables: bool
+    objects: Objects,
+    src: VideoSource,
+    ref: VideoRef,
+    where: str,
+    skip_tables: bool,
+    derived: DerivedTables | None = None,
 ) -> VideoTrack:
     entry = ref.entry
     assert entry is not None
@@ -292,7 +332,9 @@ def _from_index(
     av1_frames = None
     if entry.codec == "av1":
         av1_frames = _av1_frames(objects, src, entry.member)
-        if av1_frames is None and skip_tables:
+        if av1_frames is None and derived is not None:
+            av1_frames = derived.av1_frames
+        elif av1_frames is None and skip_tables:
             av1_frames = _analyze_indexed_av1(objects, src, rows, prefix, where)
     return VideoTrack(
         codec=entry.codec,
