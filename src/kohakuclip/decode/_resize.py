@@ -21,9 +21,9 @@ transposed, a block of rows at a time, so the second pass reads rows again (16x1
 sixteen row loads, four rounds of byte interleaves, sixteen stores; 8x8 tiles and single bytes
 at the edges. Measured 2026-12-02: 2.3 against 2.9 us per 64 x 404 block for 8x8 tiles of one
 64-byte shuffle each, the 404 -> 256 luma resize 62 against 66 us). Flips only change where
-each pass stores. Two cases take shorter roads with the same
-result: a window of the output size (a copy) and an exact 2x shrink of both axes (a 2x2 box,
-rounded once, as Pillow's ``reduce(2)`` and OpenCV's area filter do).
+each pass stores. Two cases take shorter roads with the same result: a window of the output
+size (a copy) and an exact 2x shrink of both axes (a 2x2 box, rounded once, as Pillow's
+``reduce(2)`` and OpenCV's area filter do).
 """
 
 from __future__ import annotations
