@@ -20,6 +20,10 @@ in /tmp/kc-busy-media). ``--torchcodec`` adds torchcodec's CPU decoder the same 
 ``VideoDecoder`` per clip, one FFmpeg thread, ``get_frames_at``; the same crop and OpenCV area
 resize as the naive loop, so the columns differ in decoding only); it needs torch and torchcodec
 in the interpreter (benchmarks/torchcodec_env.sh makes such a venv, no GPU needed).
+``--dav1d-time`` (AV1) compiles benchmarks/dav1d_time.c with gcc, runs the script again with it
+preloaded, and prints under each row the thread CPU ms per output frame spent inside libdav1d
+(send / get calls, which decode) and outside it, for each reader, with the pictures each got:
+how much of a cell is the decoder both share.
 """
 
 from __future__ import annotations
@@ -160,6 +164,45 @@ def ratio_interval(ours: list[float], ref: list[float], draws: int = 4000) -> tu
     return float(low), float(high)
 
 
+def dav1d_interposer(workdir: str) -> Any:
+    """benchmarks/dav1d_time.c loaded (ctypes) once this process runs with it preloaded; the
+    first call compiles it and runs the script again with it in LD_PRELOAD."""
+    import ctypes
+    import subprocess
+
+    library = os.path.join(workdir, "dav1d_time.so")
+    if library not in os.environ.get("LD_PRELOAD", "").split():
+        os.makedirs(workdir, exist_ok=True)
+        source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dav1d_time.c")
+        subprocess.run(
+            ["gcc", "-O2", "-shared", "-fPIC", "-o", library, source, "-ldl"], check=True
+        )
+        preload = " ".join(filter(None, [os.environ.get("LD_PRELOAD", ""), library]))
+        os.execve(
+            sys.executable, [sys.executable, *sys.argv], {**os.environ, "LD_PRELOAD": preload}
+        )
+    interposer = ctypes.CDLL(library)
+    interposer.dav1d_time_ms.restype = ctypes.c_double
+    return interposer
+
+
+def print_dav1d_split(interposer: Any, cpu: dict[str, float], frames: int) -> None:
+    """The row's CPU inside libdav1d and outside it, per output frame, for both readers."""
+    cells = []
+    for reader, key in ((0, "ours"), (1, "ref")):
+        inside = interposer.dav1d_time_ms(reader) / frames
+        outside = cpu[key] / frames * 1e3 - inside
+        sends, pictures = (
+            interposer.dav1d_time_sends(reader),
+            interposer.dav1d_time_pictures(reader),
+        )
+        cells.append(
+            f"{key}: libdav1d {inside:.3f} outside {outside:.3f} ms"
+            f" ({sends} sends, {pictures} pictures)"
+        )
+    print("    " + " | ".join(cells), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("sources", nargs="*")
@@ -175,7 +218,9 @@ def main() -> None:
     ap.add_argument("--naive", action="store_true", help="add the naive PyAV loop")
     ap.add_argument("--torchcodec", action="store_true", help="add torchcodec's CPU decoder")
     ap.add_argument("--torchcodec-seek", default="approximate", choices=["approximate", "exact"])
+    ap.add_argument("--dav1d-time", action="store_true", help="split CPU at libdav1d's calls")
     args = ap.parse_args()
+    interposer = dav1d_interposer(args.workdir) if args.dav1d_time else None
 
     import av
 
@@ -223,6 +268,8 @@ def main() -> None:
                     reader.read(items[: args.batch])  # warm-up
                 wall = dict.fromkeys(readers, 0.0)
                 per_batch: dict[str, list[float]] = {key: [] for key in readers}
+                if interposer is not None:
+                    interposer.dav1d_time_reset()
                 for r in range(args.rounds):
                     for b, i in enumerate(range(0, len(items), args.batch)):
                         k = (b + r) % len(readers)
@@ -246,6 +293,8 @@ def main() -> None:
                     f" {f'{low:.3f}-{high:.3f}':>13} {wall['ours'] / wall['ref']:>10.3f}{cols}",
                     flush=True,
                 )
+                if interposer is not None:
+                    print_dav1d_split(interposer, cpu, frames)
 
 
 if __name__ == "__main__":
