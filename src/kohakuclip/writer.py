@@ -9,7 +9,7 @@ import os
 import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 from kohakuclip.write.ffmpeg_backend import FFMPEG_ENV
@@ -70,12 +70,7 @@ def write(
         result = write_videos(
             out_dir,
             sources,
-            codec=enc.codec,
-            crf=enc.crf,
-            gop=enc.gop,
-            preset=enc.preset,
-            max_short=enc.max_short,
-            loop_filters=enc.loop_filters,
+            **asdict(enc),  # write_videos takes the same fields as keywords
             per_shard=per_shard,
             workers=workers,
             container=container,

@@ -220,20 +220,22 @@ def _from_moov(
     try:
         with _opened(objects, path, where) as f:
             mp4 = parse_mp4(lambda off, n: f.read(base + off, n), size, base=base, where=where)
-            av1_frames, keep = None, None
+            av1_frames, keep, samples = None, None, None
+            if derived is None and skip_tables and mp4.codec in ("av1", "h264", "hevc"):
+                samples = _read_samples(f, mp4.offsets, mp4.sizes)
             if derived is not None:
                 av1_frames, keep = derived.av1_frames, derived.keep
-            elif skip_tables and mp4.codec == "av1":
-                deps = _analyze_av1(f, mp4.offsets, mp4.sizes, mp4.prefix, where)
+            elif mp4.codec == "av1":
+                deps = _analyze_av1(samples, mp4.prefix, where)
                 av1_frames, keep = (None, None) if deps is None else (deps.frames, deps.keep)
-            elif skip_tables and mp4.codec in ("h264", "hevc"):
-                keep = _h26x_keep(f, mp4, where)
+            elif mp4.codec in ("h264", "hevc"):
+                keep = _h26x_keep(samples, mp4, where)
             matrix: str | None = mp4.matrix
             full_range: bool | None = mp4.full_range
             if derived is not None:
                 matrix, full_range = derived.colorspace, derived.full_range
             elif matrix is None and len(mp4.sizes):  # no colr box: what the stream declares
-                first = f.read(int(mp4.offsets[0]), int(mp4.sizes[0]))
+                first = samples[0] if samples else f.read(int(mp4.offsets[0]), int(mp4.sizes[0]))
                 declared = stream_colour(mp4.codec, mp4.prefix, first, mp4.nal_length_size)
                 matrix = declared[0]
                 full_range = declared[1] if full_range is None else full_range
@@ -260,18 +262,11 @@ def _from_moov(
     )
 
 
-def _analyze_av1(
-    f: RangedFile,
-    offsets: np.ndarray,
-    sizes: np.ndarray,
-    prefix: bytes,
-    where: str,
-) -> Av1Deps | None:
+def _analyze_av1(samples: list[memoryview] | None, prefix: bytes, where: str) -> Av1Deps | None:
     """The AV1 dependency table of a video that has none stored (the moov fallback; a shard
-    index without a KCAV1D table, as KohakuClip 1.0.0 writes), built on first use from one read
-    of its samples, so that it skips as much as one of our shards. None when a frame header
-    does not parse (``keep`` is then all there is)."""
-    samples = _read_samples(f, offsets, sizes)
+    index without a KCAV1D table, as KohakuClip 1.0.0 writes), built on first use from its
+    samples (``_read_samples``), so that it skips as much as one of our shards. None without
+    samples, or when a frame header does not parse (``keep`` is then all there is)."""
     if not samples:
         return None
     try:
@@ -280,11 +275,11 @@ def _analyze_av1(
         return None
 
 
-def _h26x_keep(f: RangedFile, mp4: Any, where: str) -> np.ndarray | None:
+def _h26x_keep(samples: list[memoryview] | None, mp4: Any, where: str) -> np.ndarray | None:
     """The ``keep`` column of an H.264 / HEVC video without an index, built on first use from
-    one read of its samples (as the writer's index stores it), so that clips skip unwanted
-    non-reference pictures there too. None when a sample does not parse (nothing skipped)."""
-    samples = _read_samples(f, mp4.offsets, mp4.sizes)
+    its samples (``_read_samples``; as the writer's index stores it), so that clips skip
+    unwanted non-reference pictures there too. None without samples, or when a sample does not
+    parse (nothing skipped)."""
     if not samples:
         return None
     keyframes = np.asarray(mp4.keyframes, dtype=bool)
@@ -360,7 +355,7 @@ def _analyze_indexed_av1(
 ) -> np.ndarray | None:
     """``_analyze_av1`` of an indexed video whose shard has no dependency table."""
     with _opened(objects, src.path, where) as f:
-        deps = _analyze_av1(f, rows["offset"], rows["size"], prefix, where)
+        deps = _analyze_av1(_read_samples(f, rows["offset"], rows["size"]), prefix, where)
     return None if deps is None else deps.frames
 
 
