@@ -12,6 +12,7 @@ import pytest
 
 from kohakuclip import Reader, pack
 from kohakuclip.codecs.colour import guessed_colorspace, is_hd, stream_colour
+from kohakuclip.formats import VideoEntry
 from kohakuclip.mp4.moov import parse_mp4_bytes
 from tests.media import VideoSpec, make_video
 
@@ -54,10 +55,23 @@ def test_the_stream_declares_what_the_colr_box_says(codec: str, tmp_path) -> Non
     got, infos = _clips(str(tmp_path / "stripped"))
     assert infos == want_infos == [("bt709", True)]  # 64x48 would be guessed bt601, limited
     np.testing.assert_array_equal(got, want)
-    shard = str(tmp_path / "packed.zip")
-    pack(shard, [("v.mp4", stripped)])
-    with Reader(shard) as r:
-        assert r.info(0).colorspace == "bt709"
+    for name, data in (("tagged", tagged), ("stripped", stripped)):
+        shard = str(tmp_path / f"{name}.zip")
+        index = pack(shard, [("v.mp4", data)])
+        assert index.videos[0].to_json()["full_range"] is True
+        packed, packed_infos = _clips(shard)
+        assert packed_infos == [("bt709", True)]  # the index records the range too
+        np.testing.assert_array_equal(packed, want)
+
+
+def test_a_limited_range_entry_is_stored_as_before(tmp_path) -> None:
+    """The index of a limited-range video carries no ``full_range`` key (shards stay
+    byte-compatible with readers that predate it); an entry without one reads as limited."""
+    data = make_video(VideoSpec(codec="h264", width=64, height=48, frames=2, options=BT601))
+    entry = pack(str(tmp_path / "s.zip"), [("v.mp4", data)]).videos[0]
+    assert entry.full_range is False and "full_range" not in entry.to_json()
+    assert VideoEntry.from_json(entry.to_json()) == entry
+    assert VideoEntry.from_json({**entry.to_json(), "full_range": True}).full_range is True
 
 
 def test_a_declared_bt601_beats_the_hd_guess() -> None:

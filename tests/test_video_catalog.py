@@ -30,19 +30,19 @@ def test_a_video_is_read_whole_once_however_small_the_track_cache(tmp_path, monk
         make_video(spec, str(tmp_path / name))
     whole_reads: list[int] = []
     colours: list[str] = []
-    read_samples, stream_colour = video_resolve._read_samples, video_resolve.stream_colour
+    read_samples, completed_colour = video_resolve._read_samples, video_resolve.completed_colour
 
     def counted_read(f, offsets, sizes):
         whole_reads.append(len(sizes))
         return read_samples(f, offsets, sizes)
 
-    def counted_colour(codec, *args):
+    def counted_colour(matrix, full_range, size, codec, *args):
         colours.append(codec)
-        return stream_colour(codec, *args)
+        return completed_colour(matrix, full_range, size, codec, *args)
 
     want = _read(str(tmp_path), moov_cache=4096)
     monkeypatch.setattr(video_resolve, "_read_samples", counted_read)
-    monkeypatch.setattr(video_resolve, "stream_colour", counted_colour)
+    monkeypatch.setattr(video_resolve, "completed_colour", counted_colour)
     got = _read(str(tmp_path), moov_cache=1)  # every clip resolves its video again
     np.testing.assert_array_equal(got, want)
     assert sorted(whole_reads) == sorted(s.frames for s in SPECS.values())  # once each

@@ -333,9 +333,13 @@ class VideoEntry:
     codec: VideoCodec
     prefix: str  # hex: the AV1 sequence header OBU, or Annex-B SPS/PPS(/VPS)
     colorspace: Colorspace
+    full_range: bool = False  # stored only when True: limited-range entries read as before
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        obj = asdict(self)
+        if not self.full_range:
+            del obj["full_range"]
+        return obj
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> VideoEntry:
@@ -349,6 +353,7 @@ class VideoEntry:
             codec=obj["codec"],
             prefix=str(obj.get("prefix", "")),
             colorspace=obj.get("colorspace", "bt601"),
+            full_range=bool(obj.get("full_range", False)),
         )
 
 

@@ -10,6 +10,7 @@ below (``guessed_colorspace``), by readers and writers alike.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, cast
 
 from kohakuclip.codecs.annexb import to_annexb
@@ -18,6 +19,7 @@ __all__ = [
     "HD_LONG_SIDE",
     "HD_SHORT_SIDE",
     "MATRIX_NAMES",
+    "completed_colour",
     "guessed_colorspace",
     "is_hd",
     "stream_colour",
@@ -75,3 +77,35 @@ def stream_colour(
     matrix = MATRIX_NAMES.get(int(frame.colorspace))
     declared = int(frame.color_range)
     return matrix, (declared == _FULL_RANGE) if declared in (_FULL_RANGE, _LIMITED_RANGE) else None
+
+
+def completed_colour(
+    matrix: Literal["bt601", "bt709"] | None,
+    full_range: bool | None,
+    size: tuple[int, int],
+    codec: str,
+    prefix: bytes,
+    first_sample: Callable[[], bytes | memoryview],
+    nal_length_size: int,
+) -> tuple[Literal["bt601", "bt709"], bool]:
+    """The container's matrix and range, each completed from the stream where the container is
+    silent (``stream_colour``), else by the size guess and limited range: what readers of raw
+    files and the packer's index both record.
+
+    Args:
+        matrix: the ``colr`` box's matrix, or None.
+        full_range: the ``colr`` box's range flag, or None (no box, or a QuickTime ``nclc``).
+        size: the stored (width, height), for the guess.
+        codec: as for ``stream_colour``.
+        prefix: as for ``stream_colour``.
+        first_sample: returns the first sample as stored; called only when the box is silent.
+        nal_length_size: as for ``stream_colour``.
+
+    Returns:
+        ``(matrix, full_range)``.
+    """
+    if matrix is None or full_range is None:
+        declared = stream_colour(codec, prefix, first_sample(), nal_length_size)
+        matrix = declared[0] if matrix is None else matrix
+        full_range = declared[1] if full_range is None else full_range
+    return matrix or guessed_colorspace(*size), bool(full_range)

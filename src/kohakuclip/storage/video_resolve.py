@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from kohakuclip.codecs.av1 import Av1Deps, Av1ParseError, analyze
-from kohakuclip.codecs.colour import guessed_colorspace, stream_colour
+from kohakuclip.codecs.colour import completed_colour
 from kohakuclip.codecs.h26x import keep_sizes
 from kohakuclip.formats import (
     AV1_DEPS_KEY,
@@ -230,15 +230,19 @@ def _from_moov(
                 av1_frames, keep = (None, None) if deps is None else (deps.frames, deps.keep)
             elif mp4.codec in ("h264", "hevc"):
                 keep = _h26x_keep(samples, mp4, where)
-            matrix: str | None = mp4.matrix
-            full_range: bool | None = mp4.full_range
             if derived is not None:
                 matrix, full_range = derived.colorspace, derived.full_range
-            elif matrix is None and len(mp4.sizes):  # no colr box: what the stream declares
-                first = samples[0] if samples else f.read(int(mp4.offsets[0]), int(mp4.sizes[0]))
-                declared = stream_colour(mp4.codec, mp4.prefix, first, mp4.nal_length_size)
-                matrix = declared[0]
-                full_range = declared[1] if full_range is None else full_range
+            else:  # a parsed track has samples
+                first = (int(mp4.offsets[0]), int(mp4.sizes[0]))
+                matrix, full_range = completed_colour(
+                    mp4.matrix,
+                    mp4.full_range,
+                    (mp4.width, mp4.height),
+                    mp4.codec,
+                    mp4.prefix,
+                    lambda: samples[0] if samples else f.read(*first),
+                    mp4.nal_length_size,
+                )
     except ValueError as e:
         raise SourceError(str(e)) from None
     sizes = np.asarray(mp4.sizes, dtype=np.uint32)
@@ -247,8 +251,8 @@ def _from_moov(
         width=mp4.width,
         height=mp4.height,
         fps=float(mp4.fps),
-        colorspace=matrix or guessed_colorspace(mp4.width, mp4.height),
-        full_range=bool(full_range),
+        colorspace=matrix,
+        full_range=full_range,
         prefix=bytes(mp4.prefix),
         nal_length_size=int(mp4.nal_length_size),
         path=path,
@@ -337,7 +341,7 @@ def _from_index(
         height=entry.h,
         fps=entry.fps,
         colorspace=entry.colorspace,
-        full_range=False,
+        full_range=entry.full_range,
         prefix=prefix,
         nal_length_size=nal_length_size,
         path=src.path,

@@ -18,14 +18,13 @@ from typing import Literal, cast, get_args
 import numpy as np
 
 from kohakuclip.codecs.av1 import Av1Deps, Av1DepsIndex, analyze
-from kohakuclip.codecs.colour import guessed_colorspace, stream_colour
+from kohakuclip.codecs.colour import completed_colour
 from kohakuclip.codecs.h26x import keep_sizes
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import (
     FLAG_KEYFRAME,
     FRAME_RECORD,
     INDEX_MEMBER,
-    Colorspace,
     VideoCodec,
     VideoEntry,
 )
@@ -55,14 +54,6 @@ def _sample_views(data: bytes, track: Mp4Track) -> list[memoryview]:
     view = memoryview(data)
     offsets, sizes = track.offsets.tolist(), track.sizes.tolist()
     return [view[s : s + z] for s, z in zip(offsets, sizes, strict=True)]
-
-
-def _colorspace(track: Mp4Track, samples: list[memoryview]) -> Colorspace:
-    """The matrix the index records: the ``colr`` box's, else the stream's, else the guess."""
-    matrix = track.matrix
-    if matrix is None and samples:
-        matrix = stream_colour(track.codec, track.prefix, samples[0], track.nal_length_size)[0]
-    return matrix or guessed_colorspace(track.width, track.height)
 
 
 class ShardWriter:
@@ -130,6 +121,15 @@ class ShardWriter:
         records["size"] = track.sizes
         records["keep"] = keep
         records["flags"] = np.where(track.keyframes, FLAG_KEYFRAME, 0)
+        colorspace, full_range = completed_colour(
+            track.matrix,
+            track.full_range,
+            (track.width, track.height),
+            track.codec,
+            track.prefix,
+            lambda: samples[0],
+            track.nal_length_size,
+        )
         entry = VideoEntry(
             member=name,
             row=self._rows,
@@ -139,7 +139,8 @@ class ShardWriter:
             w=int(track.width),
             codec=cast(VideoCodec, track.codec),
             prefix=track.prefix.hex(),
-            colorspace=_colorspace(track, samples),
+            colorspace=colorspace,
+            full_range=full_range,
         )
         self._videos.append(entry)
         self._records.append(records)
