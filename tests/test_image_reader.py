@@ -552,3 +552,21 @@ def test_info_of_an_unreadable_image_names_the_file(tmp_path):
             with pytest.raises(ImageReadError, match=rf"bad.{name}: ") as caught:
                 reader.read([k])
             assert "BytesIO" not in str(caught.value)
+
+
+def test_stats_count_images_bytes_and_stage_time_on_both_paths(shard):
+    """The compiled JPEG path and the Python path count the same images and stored bytes;
+    each reports its stages (the compiled one its pixels apart)."""
+    stored = [len(data) for _, data in _stored(shard)]
+    items = [0, 3, 5, 3]
+    counted = {}
+    for compiled in (True, False):
+        with ImageReader(shard, size=SIZE, threads=2) as reader:
+            reader._compiled = compiled
+            assert reader.stats() == {"images": 0, "bytes_read": 0}
+            reader.read(items, seed=0)
+            stats = reader.stats()
+        counted[compiled] = (stats["images"], stats["bytes_read"])
+        assert stats["seconds_decode"] > 0 and stats["seconds_read"] >= 0
+        assert ("seconds_pixels" in stats) == compiled
+    assert counted[True] == counted[False] == (len(items), sum(stored[i] for i in items))

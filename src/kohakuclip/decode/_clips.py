@@ -587,6 +587,10 @@ class _Driver:
         self.seconds = np.zeros(len(STAGES), np.int64)
         self._scratch: Scratch | None = None
 
+    def stage_seconds(self) -> dict[str, float]:
+        """Thread CPU seconds per stage (``STAGES``) spent in this driver's share calls."""
+        return {stage: ns / 1e9 for stage, ns in zip(STAGES, self.seconds.tolist(), strict=True)}
+
     def _room(self, tables: ShareTables) -> Scratch:
         """Grow the read buffer to the share's longest read; the scratch for its windows."""
         if len(self.buf) < tables.longest_read:

@@ -8,9 +8,10 @@ once per batch.
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar, get_args
 
 import numpy as np
@@ -21,7 +22,7 @@ from kohakuclip.read.pool import OwnedPool, Pending, Task, ThreadPool
 from kohakuclip.read.seeding import per_item_keys
 from kohakuclip.storage.files import FileCache
 
-__all__ = ["ReaderBase", "Sources", "renamed", "warn_renamed"]
+__all__ = ["ReaderBase", "Sources", "merged_seconds", "renamed", "warn_renamed"]
 
 
 ItemT = TypeVar("ItemT")
@@ -35,6 +36,15 @@ class _Catalog(Protocol):
     def __len__(self) -> int: ...
 
     def ensure_process(self) -> None: ...
+
+
+def merged_seconds(*parts: Mapping[str, float]) -> dict[str, float]:
+    """Thread CPU seconds per stage, summed over ``parts`` (a thread state's stage clocks)."""
+    total: dict[str, float] = {}
+    for part in parts:
+        for stage, seconds in part.items():
+            total[stage] = total.get(stage, 0.0) + seconds
+    return total
 
 
 def warn_renamed(old: str, new: str) -> None:
@@ -91,6 +101,25 @@ class ReaderBase(ABC, Generic[ItemT, BatchT]):
         self._buffers = BatchBuffers()
         self._compiled = True  # False: every item through the Python path (the tests' twin)
         self._pid = os.getpid()
+        self._stats_lock = threading.Lock()
+        self._stats: dict[str, int] = {}
+
+    # -- counters ------------------------------------------------------------------------------
+    def _add_counts(self, **counts: int) -> None:
+        """Add to the counters ``stats()`` reports (any thread)."""
+        with self._stats_lock:
+            for name, value in counts.items():
+                self._stats[name] = self._stats.get(name, 0) + value
+
+    def _counters(self, names: Sequence[str]) -> dict[str, float]:
+        """The counters ``names`` (0 until counted), then thread CPU seconds per stage summed
+        over this process's decode threads (``seconds_<stage>``, from each thread state's
+        ``stage_seconds()``)."""
+        with self._stats_lock:
+            s: dict[str, float] = {name: self._stats.get(name, 0) for name in names}
+            states = self._pool.states
+        stages = merged_seconds(*(state.stage_seconds() for state in states))
+        return {**s, **{f"seconds_{stage}": seconds for stage, seconds in stages.items()}}
 
     @staticmethod
     def _paths(sources: Sources) -> list[str]:
@@ -117,6 +146,7 @@ class ReaderBase(ABC, Generic[ItemT, BatchT]):
         self._catalog.ensure_process()
         if self._pid != os.getpid():
             self._pid = os.getpid()
+            self._stats_lock = threading.Lock()  # a lock held at the fork stays held
             self._forked()
         return self._pool.get(self._make_worker()), self._file_cache()
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
+from time import thread_time
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -24,7 +25,7 @@ from kohakuclip.decode.image import (
 from kohakuclip.decode.pixels import Crop, OutputMode, yuv_to_rgb_matrix
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.plan_types import ClipPlan, GopRead
-from kohakuclip.read._reader_base import ReaderBase, Sources, renamed
+from kohakuclip.read._reader_base import ReaderBase, Sources, merged_seconds, renamed
 from kohakuclip.read.image_crop import image_crop
 from kohakuclip.read.pool import OwnedPool, Pending, Task
 from kohakuclip.read.seeding import generator
@@ -97,6 +98,12 @@ class _ImageWorker:
     def __init__(self, size: int, mode: OutputMode, yuv_size: int) -> None:
         self.decoder = ImageDecoder(size, mode, yuv_size)
         self._jpeg: AvcodecClips | None = None
+        self.seconds = {"read": 0.0, "decode": 0.0}  # the Python path (pixels within decode)
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Thread CPU seconds per stage: the compiled JPEG calls and the Python path."""
+        compiled = [self._jpeg.stage_seconds()] if self._jpeg is not None else []
+        return merged_seconds(self.seconds, *compiled)
 
     @property
     def jpeg(self) -> AvcodecClips:
@@ -321,9 +328,12 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             later: list[int] = []
             with ExitStack() as descriptors:
                 tables: ShareTables | None = None
+                stored: dict[int, int] = {}  # position -> bytes the compiled path reads
                 for i in share:
                     try:
-                        tables = self._add_jpeg(batch, i, seed, files, descriptors, tables)
+                        tables, stored[i] = self._add_jpeg(
+                            batch, i, seed, files, descriptors, tables
+                        )
                     except _NotCompiled:
                         later.append(i)
                     except Exception as e:
@@ -340,11 +350,13 @@ class ImageReader(ReaderBase[int, ImageBatch]):
                     image = batch.image.reshape(len(batch.items), 1, -1)
                     status = worker.jpeg.run(tables, image)
                     for i, (code, detail, _) in zip(tables.slots, status.tolist()):
-                        if code == _clips.UNSUPPORTED_FORMAT:
+                        if code == _clips.OK:
+                            self._add_counts(images=1, bytes_read=stored[i])
+                        elif code == _clips.UNSUPPORTED_FORMAT:
                             later.append(i)
                         elif code != _clips.OK:
                             errors[i] = ImageReadError(_clips.describe(code, detail))
-            read_one = partial(self._read_one, worker.decoder, batch, seed=seed, files=files)
+            read_one = partial(self._read_one, worker, batch, seed=seed, files=files)
             self._finish_share(batch, later, read_one, errors)
 
         return run
@@ -374,9 +386,10 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         files: FileCache,
         descriptors: ExitStack,
         tables: ShareTables | None,
-    ) -> ShareTables:
-        """Plan image ``i`` into the compiled JPEG tables; raises _NotCompiled for what the
-        Python path takes (other codecs, deflated members, sizes not in the index)."""
+    ) -> tuple[ShareTables, int]:
+        """Plan image ``i`` into the compiled JPEG tables (returned, with the bytes it reads);
+        raises _NotCompiled for what the Python path takes (other codecs, deflated members,
+        sizes not in the index)."""
         loc = self._catalog.locate(batch.items[i])
         stored = loc.size > 0 and not loc.compressed and loc.width > 0
         if not (self._compiled and loc.codec == "jpeg" and stored and avcodec_found()):
@@ -408,7 +421,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         )
         shrunk = (-(-loc.height // d), -(-loc.width // d))
         tables.gray = (max(tables.gray[0], shrunk[0]), max(tables.gray[1], shrunk[1]))
-        return tables
+        return tables, loc.size
 
     def _where(self, image_id: int, loc: ImageLocation) -> str:
         try:
@@ -417,11 +430,15 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             return loc.where
 
     def _read_one(
-        self, decoder: ImageDecoder, batch: ImageBatch, i: int, seed: int, files: FileCache
+        self, worker: _ImageWorker, batch: ImageBatch, i: int, seed: int, files: FileCache
     ) -> None:
         """One image through PyAV, libdav1d or Pillow."""
+        decoder, seconds = worker.decoder, worker.seconds
         loc = self._catalog.locate(batch.items[i])
+        start = thread_time()
         data = ImageCatalog.read(loc, files)
+        read = thread_time()
+        seconds["read"] += read - start
         codec, width, height = loc.codec, loc.width, loc.height
         if not codec or not width:
             codec = codec or sniff_codec(data)
@@ -431,6 +448,15 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             data, codec, loc.color, width, height, crop, hflip, vflip, self.dct_scale,
             batch.image[i],
         )  # fmt: skip
+        seconds["decode"] += thread_time() - read
+        self._add_counts(images=1, bytes_read=len(data))
+
+    def stats(self) -> dict[str, float]:
+        """Counters since creation: images written and their stored bytes read, and CPU seconds
+        per stage summed over threads (``seconds_read``, ``_decode``, ``_pixels``: resize +
+        convert + flips of the compiled JPEG path; the other paths count their pixels in
+        ``_decode``)."""
+        return self._counters(("images", "bytes_read"))
 
 
 class _NotCompiled(Exception):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -20,7 +19,7 @@ from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, Planes, squa
 from kohakuclip.decode.video import ClipDecoder, takes_dav1d
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.plan_types import ClipPlan
-from kohakuclip.read._reader_base import ReaderBase, Sources, renamed, warn_renamed
+from kohakuclip.read._reader_base import ReaderBase, Sources, merged_seconds, renamed, warn_renamed
 from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
 from kohakuclip.read.pool import OwnedPool, Pending, Task
 from kohakuclip.read.sample import clip
@@ -113,14 +112,10 @@ class _Worker:
             return self._avcodec, _AVCODEC_ROWS[track.codec]
         return None
 
-    def compiled_seconds(self) -> dict[str, float]:
-        """Thread CPU seconds per stage spent in compiled share calls."""
-        seconds: dict[str, float] = {}
-        for driver in (self._dav1d, self._avcodec):
-            if driver is not None:
-                for stage, ns in zip(("read", "decode", "pixels"), driver.seconds.tolist()):
-                    seconds[stage] = seconds.get(stage, 0.0) + ns / 1e9
-        return seconds
+    def stage_seconds(self) -> dict[str, float]:
+        """Thread CPU seconds per stage: planning, the PyAV path, the compiled share calls."""
+        drivers = (d.stage_seconds() for d in (self._dav1d, self._avcodec) if d is not None)
+        return merged_seconds(self.seconds, self.decoder.seconds, *drivers)
 
     @property
     def jpeg(self) -> ImageDecoder:
@@ -231,14 +226,6 @@ class Reader(ReaderBase[Item, Batch]):
         # threads, decoders and descriptors end with close() or when the reader is collected
         self._pool = OwnedPool(self, threads, self._catalog.close)
         self._fetcher: ThreadPoolExecutor | None = None  # prefetch threads (remote sources)
-        self._stats_lock = threading.Lock()
-        self._stats = {
-            "clips": 0,
-            "frames_out": 0,
-            "frames_decoded": 0,
-            "packets": 0,
-            "bytes_read": 0,
-        }
 
     # -- catalog -----------------------------------------------------------------------------
     def info(self, vid: int) -> VideoInfo:
@@ -300,7 +287,6 @@ class Reader(ReaderBase[Item, Batch]):
         return (n_items, frames, *PixelWriter.frame_shape(self.size, self.mode, self.yuv_size))
 
     def _forked(self) -> None:
-        self._stats_lock = threading.Lock()
         self._fetcher = None  # a forked child gets new prefetch threads
 
     def _make_worker(self) -> Callable[[], _Worker]:
@@ -602,28 +588,19 @@ class Reader(ReaderBase[Item, Batch]):
                 first[f] = t
 
     def _count(self, frames_out: int, decoded: int, packets: int, bytes_read: int) -> None:
-        with self._stats_lock:
-            s = self._stats
-            s["clips"] += 1
-            s["frames_out"] += frames_out
-            s["frames_decoded"] += decoded
-            s["packets"] += packets
-            s["bytes_read"] += bytes_read
+        self._add_counts(
+            clips=1,
+            frames_out=frames_out,
+            frames_decoded=decoded,
+            packets=packets,
+            bytes_read=bytes_read,
+        )
 
     def stats(self) -> dict[str, float]:
         """Counters since creation: clips, frames out and decoded (``decoded_per_output``), packets,
         bytes read, and CPU seconds per stage summed over threads (``seconds_read``, ``_decode``,
         ``_pixels``: resize + convert + flips, ``_plan``)."""
-        with self._stats_lock:
-            s: dict[str, float] = dict(self._stats)
-            for worker in self._pool.states:
-                stages = (
-                    *worker.seconds.items(),
-                    *worker.decoder.seconds.items(),
-                    *worker.compiled_seconds().items(),
-                )
-                for stage, seconds in stages:
-                    s[f"seconds_{stage}"] = s.get(f"seconds_{stage}", 0.0) + seconds
+        s = self._counters(("clips", "frames_out", "frames_decoded", "packets", "bytes_read"))
         s["decoded_per_output"] = s["frames_decoded"] / s["frames_out"] if s["frames_out"] else 0.0
         return s
 
