@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from kohakuclip import Reader
+from kohakuclip.mp4 import moov
 from kohakuclip.storage import video_catalog, video_resolve
 from tests.media import VideoSpec, make_video
 
@@ -30,7 +31,7 @@ def test_a_video_is_read_whole_once_however_small_the_track_cache(tmp_path, monk
         make_video(spec, str(tmp_path / name))
     whole_reads: list[int] = []
     colours: list[str] = []
-    read_samples, completed_colour = video_resolve._read_samples, video_resolve.completed_colour
+    read_samples, completed_colour = video_resolve._read_samples, moov.completed_colour
 
     def counted_read(f, offsets, sizes):
         whole_reads.append(len(sizes))
@@ -42,7 +43,7 @@ def test_a_video_is_read_whole_once_however_small_the_track_cache(tmp_path, monk
 
     want = _read(str(tmp_path), moov_cache=4096)
     monkeypatch.setattr(video_resolve, "_read_samples", counted_read)
-    monkeypatch.setattr(video_resolve, "completed_colour", counted_colour)
+    monkeypatch.setattr(moov, "completed_colour", counted_colour)
     got = _read(str(tmp_path), moov_cache=1)  # every clip resolves its video again
     np.testing.assert_array_equal(got, want)
     assert sorted(whole_reads) == sorted(s.frames for s in SPECS.values())  # once each

@@ -20,7 +20,7 @@ from typing import Literal, NamedTuple, get_args
 import numpy as np
 
 from kohakuclip.codecs.annexb import AnnexBError, nal_length_size, parameter_sets_annexb
-from kohakuclip.codecs.colour import MATRIX_NAMES
+from kohakuclip.codecs.colour import MATRIX_NAMES, completed_colour
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.mp4.boxes import Box, Mp4Error, ReadAt, children, iter_boxes, top_level_boxes
 from kohakuclip.mp4.edits import Edit, apply_edits
@@ -104,6 +104,22 @@ class Mp4Track:
     full_range: bool | None  # from colr nclx
     rotation: int  # 0 / 90 / 180 / 270: clockwise turn that shows the frames upright
     track_id: int
+
+    def colour(
+        self, first_sample: Callable[[], bytes | memoryview]
+    ) -> tuple[Literal["bt601", "bt709"], bool]:
+        """The matrix and range to convert with: the ``colr`` box's, completed from the stream
+        (``first_sample`` returns the first sample, called only when the box is silent), else
+        the size guess and limited range (``codecs.colour.completed_colour``)."""
+        return completed_colour(
+            self.matrix,
+            self.full_range,
+            (self.width, self.height),
+            self.codec,
+            self.prefix,
+            first_sample,
+            self.nal_length_size,
+        )
 
 
 def parse_mp4(read_at: ReadAt, size: int, base: int = 0, where: str = "") -> Mp4Track:

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from kohakuclip.codecs.av1 import Av1Deps, Av1ParseError, analyze
-from kohakuclip.codecs.colour import completed_colour
 from kohakuclip.codecs.h26x import keep_sizes
 from kohakuclip.formats import (
     AV1_DEPS_KEY,
@@ -234,15 +233,7 @@ def _from_moov(
                 matrix, full_range = derived.colorspace, derived.full_range
             else:  # a parsed track has samples
                 first = (int(mp4.offsets[0]), int(mp4.sizes[0]))
-                matrix, full_range = completed_colour(
-                    mp4.matrix,
-                    mp4.full_range,
-                    (mp4.width, mp4.height),
-                    mp4.codec,
-                    mp4.prefix,
-                    lambda: samples[0] if samples else f.read(*first),
-                    mp4.nal_length_size,
-                )
+                matrix, full_range = mp4.colour(lambda: samples[0] if samples else f.read(*first))
     except ValueError as e:
         raise SourceError(str(e)) from None
     sizes = np.asarray(mp4.sizes, dtype=np.uint32)

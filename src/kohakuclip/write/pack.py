@@ -18,7 +18,6 @@ from typing import Literal, cast, get_args
 import numpy as np
 
 from kohakuclip.codecs.av1 import Av1Deps, Av1DepsIndex, analyze
-from kohakuclip.codecs.colour import completed_colour
 from kohakuclip.codecs.h26x import keep_sizes
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import (
@@ -121,15 +120,7 @@ class ShardWriter:
         records["size"] = track.sizes
         records["keep"] = keep
         records["flags"] = np.where(track.keyframes, FLAG_KEYFRAME, 0)
-        colorspace, full_range = completed_colour(
-            track.matrix,
-            track.full_range,
-            (track.width, track.height),
-            track.codec,
-            track.prefix,
-            lambda: samples[0],
-            track.nal_length_size,
-        )
+        colorspace, full_range = track.colour(lambda: samples[0])
         entry = VideoEntry(
             member=name,
             row=self._rows,
