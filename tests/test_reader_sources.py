@@ -185,6 +185,11 @@ def test_a_folder_of_shards_and_a_single_file_are_sources(tmp_path) -> None:
     with Reader(str(tmp_path / "one" / "c.mp4"), size=16, crop="center") as single:
         assert len(single) == 1 and single.info(0).member == "c.mp4"
         np.testing.assert_array_equal(single.read([(0, [3, 4])]).video, from_folder[2:])
+    truncated = tmp_path / "one" / "bad.mp4"
+    truncated.write_bytes(videos[0][:1000])
+    with Reader(str(truncated)) as single, pytest.raises(SourceError) as error:
+        single.info(0)  # a file's errors name the file itself
+    assert str(error.value).startswith(f"{truncated}: ")
     (out / "stray.mp4").write_bytes(videos[0])  # a folder of shards and a loose video
     with pytest.raises(SourceError, match=r"out: holds both media files \(1, e.g. stray.mp4\)"):
         Reader(str(out))
@@ -198,7 +203,7 @@ def test_a_fifo_named_like_a_video_raises_instead_of_waiting(tmp_path) -> None:
     os.mkfifo(folder / "b.mp4")  # opening it for reading would wait for a writer forever
     with Reader(str(folder), size=16, threads=1) as reader:
         assert [reader.info(v).member for v in range(len(reader)) if v == 0] == ["a.mp4"]
-        with pytest.raises(ClipError, match=r"clips:b.mp4.*not a regular file"):
+        with pytest.raises(ClipError, match=r"clips/b.mp4.*not a regular file"):
             reader.read([(1, [0])])
         assert reader.read([(0, [0, 3])]).video.shape[:2] == (1, 2)
 

@@ -16,6 +16,7 @@ from kohakuclip.check.structure import PER_CHECK, archive_problems, member_moov,
 from kohakuclip.formats import INDEX_MEMBER
 from kohakuclip.read.plan import Skip
 from kohakuclip.read.reader import Reader, VideoInfo
+from kohakuclip.storage.remote import is_url
 from kohakuclip.storage.video_catalog import Catalog
 from kohakuclip.storage.zip import Member
 
@@ -68,9 +69,10 @@ class _Verifier:
     def source(self, path: str) -> None:
         """Structure first, then every readable video's frames; a folder of shards (a writer's
         output, merged or not) shard by shard."""
-        if not os.path.exists(path):
+        if is_url(path) or not os.path.exists(path):
             self.report.sources += 1
-            self.add([Problem(path, "", None, "no such file or directory")])
+            why = "verify reads local files (copy it here first)" if is_url(path) else ""
+            self.add([Problem(path, "", None, why or "no such file or directory")])
             return
         kind = source_kind(path)
         if kind == "folder":

@@ -125,10 +125,13 @@ class ImageCatalog:
         return src.names[k]
 
     def where(self, image_id: int) -> str:
-        """How messages name one image: source and member (gulp: data file, id and frame)."""
+        """How messages name one image: ``archive:member``, a folder's file by its path (gulp:
+        data file, id and frame)."""
         src, k = self._find(image_id)
         if src.gulp is not None:
             return gulp_where(src.gulp, k)
+        if src.kind == "folder":
+            return src.path.rstrip("/") + "/" + self.member(image_id)
         return f"{src.path}:{self.member(image_id)}"
 
     def locate(self, image_id: int) -> ImageLocation:

@@ -92,7 +92,10 @@ def resolve_image(objects: Objects, src: ImageSource, k: int) -> ImageLocation:
             0,
             objects.remote(src.gulp.data_path(video)) if src.remote else None,
         )
-    where = f"{src.path}:{src.names[k]}"
+    if src.kind == "folder":
+        where = src.path.rstrip("/") + "/" + src.names[k]
+    else:
+        where = f"{src.path}:{src.names[k]}"
     if src.kind == "folder" and src.remote:
         url = src.path + src.names[k]
         obj = objects.remote(url)

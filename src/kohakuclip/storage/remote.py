@@ -209,6 +209,19 @@ def describe_error(url: str, error: BaseException) -> ObjectStoreError:
     return ObjectStoreError(f"{url}: {text[:500]}")
 
 
+def _obstore(url: str) -> Any:
+    """The ``obstore`` module, or an ``ObjectStoreError`` naming ``url`` and the extra that
+    installs it."""
+    try:
+        import obstore
+        import obstore.store
+    except ImportError:
+        raise ObjectStoreError(
+            f"{url}: object storage needs obstore: pip install 'kohakuclip[cloud]'"
+        ) from None
+    return obstore
+
+
 class _Stores:
     """One obstore store per (root URL, options) in this process."""
 
@@ -222,12 +235,7 @@ class _Stores:
             store = self._stores.get(key)
         if store is not None:
             return store
-        try:
-            from obstore.store import from_url
-        except ImportError:
-            raise ObjectStoreError(
-                f"{root}: object storage needs obstore (pip install kohakuclip[cloud])"
-            ) from None
+        from_url = _obstore(root).store.from_url
         settings = dict(options or {})
         client = {**CLIENT, **settings.pop("client_options", {})}
         # explicit client options replace the ones read from the environment: keep
@@ -288,8 +296,7 @@ def open_object(
     root, key = _split(url)
     store = _STORES.get(root, options)
     if meta is None:
-        import obstore
-
+        obstore = _obstore(url)
         _requests_allowed(url)
         _count(1, 0)
         try:
@@ -300,8 +307,7 @@ def open_object(
 
 
 async def _head(url: str, store: Any, key: str, gate: asyncio.Semaphore) -> dict[str, Any] | None:
-    import obstore
-
+    obstore = _obstore(url)
     async with gate:
         try:
             return dict(await obstore.head_async(store, key))
@@ -333,8 +339,7 @@ def list_objects(
     prefix: str, options: Mapping[str, Any] | None = None
 ) -> list[tuple[str, dict[str, Any]]]:
     """(URL, listing entry) of every object under ``prefix`` (a URL ending in ``/``), sorted."""
-    import obstore
-
+    obstore = _obstore(prefix)
     root, key = _split(prefix)
     store = _STORES.get(root, options)
     _requests_allowed(prefix)
@@ -357,8 +362,7 @@ def put_object(
         body: the bytes, or the path (``os.PathLike``) of a file to upload.
         options: the ``storage_options`` of the store.
     """
-    import obstore
-
+    obstore = _obstore(url)
     store, key = store_for(url, options)
     _requests_allowed(url)
     _count(1, 0)
@@ -394,8 +398,7 @@ def _header_etag(url: str, tag: str) -> str:
 
 
 async def _get(obj: RemoteObject, start: int, end: int, gate: asyncio.Semaphore) -> Any:
-    import obstore
-
+    obstore = _obstore(obj.url)
     options: dict[str, Any] = {"range": (start, end)}
     if obj.etag:
         options["if_match"] = _header_etag(obj.url, obj.etag)

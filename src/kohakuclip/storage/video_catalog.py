@@ -102,13 +102,15 @@ class Catalog:
         return len(self.videos)
 
     def where(self, vid: int) -> str:
-        """Where video ``vid`` is, for messages: ``source:member``, or for a GulpIO video its
-        chunk's data file and its id."""
+        """Where video ``vid`` is, for messages: ``archive:member``, a folder's file by its path,
+        or for a GulpIO video its chunk's data file and its id."""
         ref = self.videos[vid]
         src = self.sources[ref.source]
         if src.gulp is not None:
             data_path = src.gulp.data_path(src.gulp.position(ref.member))
             return f"{data_path}: id {ref.member!r}"
+        if src.kind == "folder":
+            return src.path.rstrip("/") + "/" + ref.member
         return f"{src.path}:{ref.member}"
 
     def track(self, vid: int) -> VideoTrack:

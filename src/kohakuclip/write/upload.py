@@ -107,9 +107,9 @@ def _delete_objects(urls: Sequence[str]) -> None:
     """Delete the objects ``urls`` (of one store), in bulk where the store can."""
     if not urls:
         return
+    store, _ = store_for(urls[0])  # raises first where obstore is missing
     import obstore
 
-    store, _ = store_for(urls[0])
     try:
         obstore.delete(store, [store_for(url)[1] for url in urls])
     except Exception as e:
