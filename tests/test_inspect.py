@@ -99,12 +99,15 @@ def test_table_rows_totals_and_unreadable_sources(
     out = capsys.readouterr().out
     assert "cut.mp4  error:" in out and "truncated" in out
     assert f"{missing}: error:" in out
-    assert "total: 4 videos (1 av1, 1 h264, 2 unreadable), 76 frames" in out
+    # the missing shard is a source, not a video
+    assert "total: 3 videos (1 av1, 1 h264, 1 unreadable), 1 source unreadable, 76 frames" in out
 
     empty = os.path.join(tmp_path, "empty")
     os.makedirs(empty)
     assert main(["inspect", empty]) == 1
-    assert capsys.readouterr().out.startswith(f"{empty}: error: no videos found\n")
+    out = capsys.readouterr().out
+    assert out.startswith(f"{empty}: error: no videos found\n")
+    assert "total: 0 videos (none), 1 source unreadable," in out
 
 
 def _pyav_frames(data: bytes) -> list[np.ndarray]:

@@ -121,16 +121,19 @@ def _summary(catalog: Catalog, vid: int, path: str) -> VideoSummary:
 
 
 def totals(videos: Sequence[VideoSummary]) -> dict[str, Any]:
-    """Counts over ``videos``: videos, unreadable ones, frames, seconds, bytes, per codec."""
+    """Counts over ``videos``: videos, unreadable ones, sources that could not be listed (a
+    summary without a member), frames, seconds, bytes, per codec."""
     good = [v for v in videos if v.error is None]
+    listed = [v for v in videos if v.member or v.error is None]
     codecs: dict[str, int] = {}
     for v in good:
         codecs[v.codec] = codecs.get(v.codec, 0) + 1
     seconds = sum(v.duration for v in good)
     stored = sum(v.bytes for v in good)
     return {
-        "videos": len(videos),
-        "errors": len(videos) - len(good),
+        "videos": len(listed),
+        "errors": len(listed) - len(good),
+        "unreadable_sources": len(videos) - len(listed),
         "frames": sum(v.frames for v in good),
         "duration": seconds,
         "bytes": stored,
@@ -228,8 +231,10 @@ def format_table(videos: Sequence[VideoSummary]) -> str:
     t = totals(videos)
     codecs = ", ".join(f"{n} {c}" for c, n in t["codecs"].items()) or "none"
     errors = f", {t['errors']} unreadable" if t["errors"] else ""
+    sources = t["unreadable_sources"]
+    unlisted = f", {sources} source{'s' if sources > 1 else ''} unreadable" if sources else ""
     lines.append(
-        f"total: {t['videos']} videos ({codecs}{errors}), {t['frames']} frames, "
+        f"total: {t['videos']} videos ({codecs}{errors}){unlisted}, {t['frames']} frames, "
         f"{_clock(t['duration'])} ({t['duration']:.1f} s), {_size(t['bytes'])}, "
         f"{t['kbps']:.0f} kb/s"
     )

@@ -129,6 +129,7 @@ class ReaderBase(ABC, Generic[ItemT, BatchT]):
 
     # -- ids -----------------------------------------------------------------------------------
     def __len__(self) -> int:
+        """How many videos (images) the sources hold: ids run from 0 to ``len - 1``."""
         return len(self._catalog)
 
     def _check_id(self, item_id: Any) -> int:

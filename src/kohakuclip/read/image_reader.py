@@ -133,7 +133,8 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         sources: image shards, plain zips, tars, folder trees, GulpIO directories, a dataset
             view folder, or URLs; one or a sequence.
         size: output side in pixels (>= 2).
-        threads: decoding threads.
+        threads: decoding threads (default 1; the ``kohakuclip.torch`` datasets share the
+            usable CPUs by default).
         crop: ``random`` or ``center`` short-side square, or ``resized`` (RandomResizedCrop).
         scale: ``resized``: the range of the crop's area over the image's.
         ratio: ``resized``: the range of the crop's aspect ratio.

@@ -136,14 +136,15 @@ class Reader(ReaderBase[Item, Batch]):
     from ``storage_options`` or the standard environment variables (``AWS_ACCESS_KEY_ID`` ...).
 
     Args:
-        sources: shard archives (with or without an index), folder trees of mp4 files, GulpIO
-            directories (their JPEG frames read one by one), a dataset view folder, or URLs;
-            one or a sequence.
+        sources: shard archives (with or without an index), folder trees of mp4 files, single
+            mp4 files, GulpIO directories (their JPEG frames read one by one), a dataset view
+            folder, or URLs; one or a sequence.
         size: output side in pixels (>= 2).
         mode: ``rgb`` [N, T, 3, S, S]; ``yuv_resized`` packed 4:2:0 planes at ``size``; ``yuv``
             the stored-resolution crop window, packed 4:2:0 in a ``yuv_size`` square, finished
             on the GPU by ``kohakuclip.torch.yuv_to_rgb``.
-        threads: decoding threads.
+        threads: decoding threads (default 1; the ``kohakuclip.torch`` datasets share the
+            usable CPUs by default).
         crop: ``random`` or ``center`` short-side square.
         hflip: probability of a horizontal flip per clip.
         vflip: probability of a vertical flip per clip.

@@ -79,7 +79,7 @@ class WriteResult:
 
     Attributes:
         out: the output folder (or URL prefix).
-        shards: the shard files this call wrote.
+        shards: the shard files this call wrote, by name (in ``out``).
         videos: videos this call packed.
         skipped: sources this call skipped (listed in ``skipped.jsonl``).
         seconds: seconds of video this call packed.
