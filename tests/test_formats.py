@@ -15,6 +15,7 @@ from kohakuclip import Reader, pack
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import (
     FRAME_RECORD,
+    IMAGE_INDEX_MAGIC,
     IMAGE_MANIFEST_SCHEMA,
     INDEX_MEMBER,
     INDEX_VERSION,
@@ -192,3 +193,18 @@ def test_manifests_written_before_the_family_are_still_read(tmp_path) -> None:
     both = pa.concat_tables([manifest_table(old_video), new_video], promote_options="default")
     assert both.schema.field("index").type == pa.int64()
     assert both.column("shard").to_pylist() == ["v.zip", "w.zip"]
+
+
+def test_another_readers_index_says_which_reader_takes_it() -> None:
+    """A video shard given to the image reader (and the reverse) is named as such, not as a
+    damaged index."""
+    video = encode_index(VIDEO_INDEX_MAGIC, {"videos": []}, np.zeros(0, np.uint8))
+    image = encode_index(IMAGE_INDEX_MAGIC, {"images": 0}, np.zeros(0, np.uint8))
+    where = "s.zip:__index__.bin"
+    for data, wanted, hint in (
+        (video, IMAGE_INDEX_MAGIC, "a video shard's: read it with Reader"),
+        (image, VIDEO_INDEX_MAGIC, "an image shard's: read it with ImageReader"),
+        (b"\0" * 64, VIDEO_INDEX_MAGIC, "bad magic or truncated"),
+    ):
+        with pytest.raises(IndexFormatError, match=rf"s\.zip:__index__\.bin: not a .*\({hint}\)"):
+            read_index_header(lambda at, n, d=data: d[at : at + n], wanted, None, where)

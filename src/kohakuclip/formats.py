@@ -159,6 +159,12 @@ one is version 1 (KohakuClip 1.x wrote none; it ignores the key); a newer one is
 INDEX_HEAD_SIZE = 16
 """The framing before the JSON header: the 8-byte magic and the u64 little-endian JSON length."""
 
+_OTHER_SHARDS = {
+    VIDEO_INDEX_MAGIC: "a video shard's: read it with Reader",
+    IMAGE_INDEX_MAGIC: "an image shard's: read it with ImageReader",
+}
+"""Why a framed index with another reader's magic was refused."""
+
 _FIRST_READ = 1 << 12
 """Bytes ``read_index_header`` asks for first: the whole header of most members in one read."""
 
@@ -220,7 +226,8 @@ def read_index_header(
     kind = magic.rstrip(b"\0").decode()
     first = bytes(read(0, _FIRST_READ if size is None else min(size, _FIRST_READ)))
     if len(first) < INDEX_HEAD_SIZE or first[:8] != magic:
-        raise IndexFormatError(f"{where}: not a {kind} index (bad magic or truncated)")
+        hint = _OTHER_SHARDS.get(first[:8], "bad magic or truncated")
+        raise IndexFormatError(f"{where}: not a {kind} index ({hint})")
     length = int.from_bytes(first[8:16], "little")
     end = INDEX_HEAD_SIZE + length
     if size is not None and end > size:
