@@ -22,6 +22,7 @@ and continues after the shards the prefix holds.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import queue
 import shutil
@@ -364,6 +365,17 @@ def skip_log(out: str, part: str | None) -> str:
     return f"{out.rstrip('/')}/{OutputNames(Part.parse(part) if part else None).skipped}"
 
 
+def _first_reason(log: str) -> str:
+    """``; the first: <source>: <reason>`` from a local skip log's first line, or nothing."""
+    try:
+        with open(log, encoding="utf-8") as f:
+            entry = json.loads(f.readline())
+        source, reason = str(entry["source"]), str(entry["reason"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return f"; the first: {reason if reason.startswith(source) else f'{source}: {reason}'}"
+
+
 def nothing_stored(
     prog: str,
     kind: str,
@@ -379,7 +391,7 @@ def nothing_stored(
     if stored or part is not None:
         return False
     if skipped:
-        what = f"0 of {skipped} {kind} stored, see {log}"
+        what = f"0 of {skipped} {kind} stored, see {log}" + _first_reason(log)
     else:
         what = f"no {kind} found under {', '.join(sources)}"
     print(f"{prog}: error: {what}", file=sys.stderr)
