@@ -233,3 +233,28 @@ def test_a_folder_the_process_may_not_read_is_a_source_error(tmp_path) -> None:
         f"SourceError {locked}: Permission denied",
         f"ImageSourceError {locked}: Permission denied",
     ]
+
+
+def test_sample_skips_a_video_it_cannot_read_and_says_so_once(tmp_path) -> None:
+    good = make_video(VideoSpec(frames=12, seed=1))
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    (folder / "a.mp4").write_bytes(good)
+    (folder / "b.mp4").write_bytes(good[:1000])  # truncated
+    with Reader(str(folder), size=16) as reader:
+        bad = 1  # the listing is sorted: a.mp4, b.mp4
+        with pytest.warns(UserWarning, match=r"cannot read: .*raw/b\.mp4") as caught:
+            first = reader.sample(20, 4, fps=6.0, seed=3)
+            second = reader.sample(20, 4, fps=6.0, seed=3)  # known bad: no second warning
+        assert len(caught) == 1
+        assert first == second and len(first) == 20 and {v for v, _ in first} == {0}
+        reader.read(first[:4])
+        with pytest.raises(SourceError, match=r"raw/b\.mp4"):
+            reader.sample(1, 4, videos=[bad])  # named, not drawn: raises
+    (folder / "a.mp4").write_bytes(good[:900])
+    with (
+        Reader(str(folder), size=16) as reader,
+        pytest.warns(UserWarning),
+        pytest.raises(SourceError, match="no video of the sources can be read"),
+    ):
+        reader.sample(4, 4)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -28,6 +29,7 @@ from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.remote import ObjectStoreError, fetch_ranges
 from kohakuclip.storage.video_catalog import Catalog
+from kohakuclip.storage.video_listing import SourceError
 from kohakuclip.tracks import VideoTrack
 
 if TYPE_CHECKING:
@@ -227,6 +229,7 @@ class Reader(ReaderBase[Item, Batch]):
         # threads, decoders and descriptors end with close() or when the reader is collected
         self._pool = OwnedPool(self, threads, self._catalog.close)
         self._fetcher: ThreadPoolExecutor | None = None  # prefetch threads (remote sources)
+        self._unreadable: set[int] = set()  # drawn videos sample() found unreadable
 
     # -- catalog -----------------------------------------------------------------------------
     def info(self, vid: int) -> VideoInfo:
@@ -249,7 +252,10 @@ class Reader(ReaderBase[Item, Batch]):
     ) -> list[tuple[int, list[int]]]:
         """``n`` clips of ``frames`` frames from random videos (or from ``videos``, in order).
 
-        Short videos give squeezed clips (see ``kohakuclip.clip``), never an error.
+        Short videos give squeezed clips (see ``kohakuclip.clip``), never an error. A drawn
+        video that cannot be read (a truncated file in a raw folder) is skipped with a warning
+        naming it, once, and another is drawn in its place (the same ones for the same seed);
+        one named in ``videos`` raises.
 
         Args:
             n: number of clips (ignored when ``videos`` is given).
@@ -260,22 +266,41 @@ class Reader(ReaderBase[Item, Batch]):
             videos: the video of each clip, in order (None: drawn uniformly).
         """
         rng = np.random.default_rng(seed) if seed is not None else self._rng
-        if videos is None:
+        if videos is not None:
+            chosen = [int(v) for v in videos]
+            for v in chosen:
+                self._check_id(v)
+            infos = [self._catalog.info(vid) for vid in chosen]
+        else:
             if len(self) == 0:
                 paths = [src.path for src in self._catalog.sources]
                 raise ValueError(f"the reader has no videos (sources: {', '.join(paths)[:300]})")
             chosen = rng.integers(0, len(self), size=n).tolist()
-        else:
-            chosen = [int(v) for v in videos]
-            for v in chosen:
-                self._check_id(v)
-        items = []
-        for vid in chosen:
-            info = self._catalog.info(vid)
-            items.append(
-                (vid, clip(info["n"], frames, rng, fps=fps, video_fps=info["fps"], spread=spread))
-            )
-        return items
+            infos = []
+            for k, vid in enumerate(chosen):
+                while (info := self._readable_info(vid)) is None:
+                    vid = chosen[k] = int(rng.integers(0, len(self)))
+                infos.append(info)
+        return [
+            (vid, clip(info["n"], frames, rng, fps=fps, video_fps=info["fps"], spread=spread))
+            for vid, info in zip(chosen, infos, strict=True)
+        ]
+
+    def _readable_info(self, vid: int) -> dict[str, Any] | None:
+        """The catalog's facts of a drawn video, or None (warned once) when it cannot be read;
+        storage failing (not the video's bytes) raises, as does every video being unreadable."""
+        if vid in self._unreadable:
+            return None
+        try:
+            return self._catalog.info(vid)
+        except SourceError as e:
+            if isinstance(e.__cause__, ObjectStoreError):
+                raise
+            self._unreadable.add(vid)
+            if len(self._unreadable) == len(self):
+                raise SourceError(f"no video of the sources can be read; the last: {e}") from e
+            warnings.warn(f"sample() skips a video it cannot read: {e}", stacklevel=3)
+            return None
 
     # -- reading -----------------------------------------------------------------------------
     def batch_shape(self, n_items: int, frames: int) -> tuple[int, ...]:
