@@ -28,7 +28,7 @@ from tests.image_media import encode, photo, write_tar
 from tests.media import VideoSpec, make_video
 from tests.test_av1_syntax import ffmpeg_trace
 
-FAST = ["--preset", "12", "--quiet"]
+FAST = ["--preset", "12", "--no-progress"]  # --quiet elsewhere: both spellings
 IMAGES = ["--min-short", "0", "--max-short", "64", "--no-progress"]
 
 

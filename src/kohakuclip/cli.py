@@ -206,7 +206,7 @@ def parser() -> argparse.ArgumentParser:
     count = bounded_int(1)
     d.add_argument("--videos", type=count, default=4, help="sample videos to make (default: 4)")
     d.add_argument("--seconds", type=positive_float, default=4.0, help="length (default: 4)")
-    d.add_argument("--codec", choices=("av1", "h264", "hevc"), default="av1")
+    d.add_argument("--codec", choices=("av1", "h264", "hevc"), default="av1", help="default: av1")
     d.add_argument("--workers", type=count, default=None, help="encoder threads (default: CPUs)")
     d.add_argument("--out", default=None, help="keep the files here (default: a temporary folder)")
     d.add_argument("--threads", type=count, default=None, help="decode threads (default: CPUs)")
@@ -220,18 +220,29 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("paths", nargs="+", help="shards (zip / tar), folders, gulp directories")
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")
     i.add_argument("--sheet", default=None, help="draw a contact sheet into this PNG")
-    i.add_argument("--columns", type=count, default=8, help="frames per video on the sheet")
-    i.add_argument("--thumb", type=bounded_int(2), default=128, help="side of a sheet frame (px)")
-    i.add_argument("--max-videos", type=count, default=200, help="videos on the sheet at most")
+    i.add_argument(
+        "--columns", type=count, default=8, help="frames per video on the sheet (default: 8)"
+    )
+    i.add_argument(
+        "--thumb", type=bounded_int(2), default=128, help="side of a sheet frame, px (default: 128)"
+    )
+    i.add_argument(
+        "--max-videos", type=count, default=200, help="videos on the sheet at most (default: 200)"
+    )
     i.add_argument("--threads", type=count, default=threads, help="decode threads (default: CPUs)")
-    i.add_argument("--gulp-fps", type=positive_float, default=None, help="gulp videos' fps")
+    i.add_argument(
+        "--gulp-fps",
+        type=positive_float,
+        default=None,
+        help="gulp videos' fps (default: their meta_data's)",
+    )
     i.set_defaults(run=inspect, prog=i.prog)
 
     v = commands.add_parser("verify", help="decode every frame and check the index")
     v.add_argument("paths", nargs="+", help="shards (zip / tar), folders, gulp directories")
     v.add_argument("--sample", type=count, default=None, help="check K frames per video, not all")
     v.add_argument("--threads", type=count, default=threads, help="decode threads (default: CPUs)")
-    v.add_argument("--seed", type=int, default=0, help="picks the sampled frames")
+    v.add_argument("--seed", type=int, default=0, help="picks the sampled frames (default: 0)")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     v.set_defaults(run=verify, prog=v.prog)
 

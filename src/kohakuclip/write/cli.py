@@ -73,8 +73,8 @@ def parser() -> argparse.ArgumentParser:
         "--backend",
         choices=("native", "ffmpeg"),
         default="native",
-        help="native: PyAV in process; ffmpeg: the ffmpeg command line ($KOHAKUCLIP_FFMPEG or "
-        "imageio-ffmpeg's binary)",
+        help="native (default): PyAV in process; ffmpeg: the ffmpeg command line "
+        "($KOHAKUCLIP_FFMPEG or imageio-ffmpeg's binary)",
     )
     p.add_argument(
         "--gulp-fps",
@@ -86,7 +86,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue an earlier run (or part) in OUT")
     part_argument(p, "write", "sources")
     ray_arguments(p)
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress", "--quiet", dest="quiet", action="store_true", help="no progress bar"
+    )
     return p
 
 

@@ -35,11 +35,18 @@ def _parser() -> argparse.ArgumentParser:
         "a prefix, as a folder)",
     )
     p.add_argument("--quality", type=int, default=70, help="0-100 (default 70)")
-    p.add_argument("--max-short", type=int, default=512, help="cap of the short side (0: none)")
     p.add_argument(
-        "--min-short", type=int, default=384, help="drop images whose short side is smaller"
+        "--max-short", type=int, default=512, help="cap of the short side, 0: none (default: 512)"
     )
-    p.add_argument("--per-shard", type=positive_int, default=10000, help="images per shard")
+    p.add_argument(
+        "--min-short",
+        type=int,
+        default=384,
+        help="skip images whose short side is smaller; 0 keeps all (default: 384)",
+    )
+    p.add_argument(
+        "--per-shard", type=positive_int, default=10000, help="images per shard (default: 10000)"
+    )
     p.add_argument(
         "--workers",
         type=positive_int,
@@ -50,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         "--codec",
         choices=[*STORAGE_CODECS, *CODEC_ALIASES],
         default="jpeg",
-        help="stored format (av1: the same as avif, raw AV1 OBUs)",
+        help="stored format (default: jpeg; av1: the same as avif, raw AV1 OBUs)",
     )
     p.add_argument(
         "--jpeg-encoder",
@@ -58,7 +65,12 @@ def _parser() -> argparse.ArgumentParser:
         default="tuned",
         help="tuned: smallest at equal quality (default); turbo: fastest; jpegli: 4:2:0 only",
     )
-    p.add_argument("--backend", choices=("native", "pillow"), default="native")
+    p.add_argument(
+        "--backend",
+        choices=("native", "pillow"),
+        default="native",
+        help="native (default): PyAV / libavcodec decoding; pillow: Pillow for every image",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     part_argument(p, "store", "images")
     p.add_argument(
