@@ -78,7 +78,8 @@ def _make_sources(folder: str, count: int, seconds: float) -> list[str]:
 
 def _write_demo(args: argparse.Namespace, root: str) -> WriteResult:
     sources = _make_sources(os.path.join(root, "sources"), args.videos, args.seconds)
-    print(f"made {len(sources)} sample videos of {args.seconds:g} s in {root}/sources")
+    kept = "" if args.out else " (a temporary folder, removed at the end: --out DIR keeps it)"
+    print(f"made {len(sources)} sample videos of {args.seconds:g} s in {root}/sources{kept}")
     started = time.perf_counter()
     result = write_videos(
         os.path.join(root, "shards"),
