@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -1622,3 +1623,35 @@ def test_write_images_skip_a_corrupt_object_naming_its_url(s3, tmp_path):
     with open(tmp_path / "out" / "skipped.jsonl", encoding="utf-8") as f:
         (line,) = map(json.loads, f)
     assert line["source"] == prefix + "bad.jpg" and line["reason"] == "corrupt"
+
+
+def test_a_url_without_obstore_says_what_to_install(tmp_path) -> None:
+    """Without obstore every URL use names the package to install, in readers, the writer's
+    CLI and verify (which reads local files only), instead of a ModuleNotFoundError."""
+    script = r"""
+import sys
+sys.modules["obstore"] = None  # as if it were not installed
+from kohakuclip import ImageReader, KohakuClipError, Reader
+from kohakuclip.cli import main
+from kohakuclip.write import cli
+for make in (Reader, ImageReader):
+    try:
+        make("s3://bucket/shards/")
+    except KohakuClipError as e:
+        print("reader:", e)
+print("write:", cli.main(["s3://bucket/out/", sys.argv[1], "--no-progress"]))
+print("verify:", main(["verify", "s3://bucket/shards/", "--no-progress"]))
+"""
+    (tmp_path / "src").mkdir()
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "src")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    need = r"s3://bucket/(shards|out)/: object storage needs obstore \(pip install obstore"
+    assert len(re.findall(rf"reader: {need}", run.stdout)) == 2, run.stdout + run.stderr
+    assert re.search(rf"kohakuclip-write: error: {need}", run.stderr), run.stderr
+    assert "write: 2" in run.stdout and "verify: 1" in run.stdout
+    assert "s3://bucket/shards/: verify reads local files" in run.stdout
+    assert "Traceback" not in run.stderr

@@ -2,7 +2,7 @@
 
 Built on ``obstore`` (Rust ``object_store``: ranged and concurrent GETs with the GIL released,
 credentials from the standard environment variables and config files), an optional extra:
-``pip install kohakuclip[cloud]``. ``file://`` URLs are plain local paths (``local_path``).
+the ``[cloud]`` extra. ``file://`` URLs are plain local paths (``local_path``).
 
 An object is opened with one HEAD (size and ETag); every later read is a ranged GET with
 ``If-Match: <etag>``, so an object replaced while a reader uses it is an error naming it, not
@@ -217,7 +217,8 @@ def _obstore(url: str) -> Any:
         import obstore.store
     except ImportError:
         raise ObjectStoreError(
-            f"{url}: object storage needs obstore: pip install 'kohakuclip[cloud]'"
+            f"{url}: object storage needs obstore (pip install obstore, or kohakuclip's [cloud] "
+            "extra)"
         ) from None
     return obstore
 
