@@ -142,13 +142,14 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         vflip: probability of a vertical flip per image.
         mode: ``rgb``, ``yuv_resized`` or ``yuv`` (see above).
         dct_scale: let JPEG decode at 1/4 or 1/8 scale when the window allows.
-        seed: seeds ``sample`` and batches read without a seed.
+        seed: seeds ``sample`` and batches read without a seed (None: fresh entropy, another
+            draw each run).
         yuv_size: ``yuv`` mode's square (>= 2).
         use_index: read a KCIMG1 shard's index member (False: list the zip).
         open_files: at most this many archive files held open.
         storage_options: keywords of the object store (as ``Reader``).
         cache_dir: a node-local block cache of what is fetched from URLs (as ``Reader``).
-        cache_size: about the most bytes ``cache_dir`` holds.
+        cache_size: about the most bytes ``cache_dir`` holds (default 64 GiB).
     """
 
     _noun = "image"

@@ -150,7 +150,8 @@ class Reader(ReaderBase[Item, Batch]):
         crop: ``random`` or ``center`` short-side square.
         hflip: probability of a horizontal flip per clip.
         vflip: probability of a vertical flip per clip.
-        seed: seeds ``sample`` and the crops and flips of batches read without a seed.
+        seed: seeds ``sample`` and the crops and flips of batches read without a seed (None:
+            fresh entropy, another draw each run).
         skip: ``True`` decodes only what the wanted frames need (for AV1 shards with a
             dependency table, the frames they transitively reference; otherwise unwanted samples
             cut to the bytes later frames use), ``"keep"`` forces the latter, ``False`` decodes
@@ -166,7 +167,7 @@ class Reader(ReaderBase[Item, Batch]):
             ``endpoint``, ``region``, ``client_options``, ``retry_config``).
         cache_dir: a node-local cache of what is fetched from URLs (256 KiB blocks of each
             object version, shared safely by the processes of a node; ``storage.cache``).
-        cache_size: about the most bytes ``cache_dir`` holds.
+        cache_size: about the most bytes ``cache_dir`` holds (default 64 GiB).
         window: deprecated name of ``yuv_size``.
     """
 
