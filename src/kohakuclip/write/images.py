@@ -49,7 +49,7 @@ from kohakuclip.write.image_codecs import (
 )
 from kohakuclip.write.image_prepare import Backend, ImageSkip, prepare
 from kohakuclip.write.image_sources import SourceImage, iter_sources
-from kohakuclip.write.parts import OutputNames, Part, clear_empty_run, earlier_run
+from kohakuclip.write.parts import OutputNames, Part, earlier_run
 from kohakuclip.write.shards import check_ray_options
 from kohakuclip.write.upload import Output, WriteError, check_staging, output
 
@@ -420,8 +420,6 @@ def _write_run(
     os.makedirs(out, exist_ok=True)
     if names.part is not None:
         _check_parts(out, names.part, settings)  # items: the part's only (iter_sources)
-    if not resume:
-        clear_empty_run(out, names.part)
     _refuse_video_run(out)
     if resume:
         finished = _finished(target, names)

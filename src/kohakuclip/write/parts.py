@@ -12,25 +12,15 @@ all of them.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import TypeVar
 
 from kohakuclip.formats import ENCODING_FILE, MANIFEST_FILE, PART_PREFIX, SKIPPED_FILE
 from kohakuclip.write._atomic import TEMP_SUFFIX
 
-__all__ = [
-    "ANY_SHARD_RE",
-    "OutputNames",
-    "Part",
-    "clear_empty_run",
-    "earlier_run",
-    "holds_run",
-    "part_argument",
-]
+__all__ = ["ANY_SHARD_RE", "OutputNames", "Part", "earlier_run", "holds_run", "part_argument"]
 
 
 T = TypeVar("T")
@@ -161,35 +151,6 @@ def earlier_run(names: Iterable[str], part: Part | None) -> str | None:
         if found:
             return name
     return None
-
-
-def clear_empty_run(folder: str, part: Part | None) -> bool:
-    """Remove a finished whole run that stored nothing from ``folder``, so that a corrected
-    run starts there without ``resume``: the folder holds only a whole run's own files (its
-    manifest, of no rows, ``encoding.json``, the skip log), no shard, nothing unfinished,
-    nothing else. Returns whether it did; parts (whose job shares the folder) never do.
-
-    Args:
-        folder: a local output folder.
-        part: the new run's part, or None for a whole run.
-    """
-    if part is not None or not os.path.isdir(folder):
-        return False
-    listing = set(os.listdir(folder))
-    if MANIFEST_FILE not in listing or not listing <= set(_WHOLE_RUN_FILES):
-        return False
-    import pyarrow.parquet as pq
-
-    try:
-        rows = pq.read_metadata(os.path.join(folder, MANIFEST_FILE)).num_rows
-    except Exception:  # unreadable: not ours to remove
-        return False
-    if rows:
-        return False
-    for name in listing:
-        with suppress(FileNotFoundError):
-            os.remove(os.path.join(folder, name))
-    return True
 
 
 def holds_run(names: Iterable[str], part: Part | None) -> bool:

@@ -42,7 +42,7 @@ from kohakuclip.storage.remote import is_store_failure
 from kohakuclip.write._atomic import TEMP_SUFFIX, naming, replacing, write_atomically
 from kohakuclip.write.gulp_videos import encode_gulp_video
 from kohakuclip.write.pack import Container, PackError, ShardWriter
-from kohakuclip.write.parts import ANY_SHARD_RE, OutputNames, Part, clear_empty_run, earlier_run
+from kohakuclip.write.parts import ANY_SHARD_RE, OutputNames, Part, earlier_run
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.sources import Source, expand_sources
 from kohakuclip.write.upload import Output, WriteError, check_staging, output
@@ -147,8 +147,6 @@ def _prepare(target: Output, config: dict, resume: bool, names: OutputNames) -> 
     if os.path.exists(out) and not os.path.isdir(out):
         raise WriteError(f"{out}: exists and is not a folder")
     os.makedirs(out, exist_ok=True)
-    if not resume:
-        clear_empty_run(out, names.part)
     settings_path = os.path.join(out, ENCODING_FILE)
     _restore_settings(out, names)
     listing = os.listdir(out)
