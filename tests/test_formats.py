@@ -205,6 +205,7 @@ def test_another_readers_index_says_which_reader_takes_it() -> None:
         (video, IMAGE_INDEX_MAGIC, "a video shard's: read it with Reader"),
         (image, VIDEO_INDEX_MAGIC, "an image shard's: read it with ImageReader"),
         (b"\0" * 64, VIDEO_INDEX_MAGIC, "bad magic or truncated"),
+        (video[:10], VIDEO_INDEX_MAGIC, "bad magic or truncated"),  # its own, cut short
     ):
         with pytest.raises(IndexFormatError, match=rf"s\.zip:__index__\.bin: not a .*\({hint}\)"):
             read_index_header(lambda at, n, d=data: d[at : at + n], wanted, None, where)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -252,9 +254,35 @@ def test_sample_skips_a_video_it_cannot_read_and_says_so_once(tmp_path) -> None:
         with pytest.raises(SourceError, match=r"raw/b\.mp4"):
             reader.sample(1, 4, videos=[bad])  # named, not drawn: raises
     (folder / "a.mp4").write_bytes(good[:900])
-    with (
-        Reader(str(folder), size=16) as reader,
-        pytest.warns(UserWarning),
-        pytest.raises(SourceError, match="no video of the sources can be read"),
-    ):
-        reader.sample(4, 4)
+    with Reader(str(folder), size=16) as reader:
+        for attempt in range(2):  # and again, once all are known bad (no endless redrawing)
+            with (
+                pytest.warns(UserWarning) if attempt == 0 else nullcontext(),
+                pytest.raises(SourceError, match="no video of the sources can be read"),
+            ):
+                reader.sample(4, 4)
+
+
+def test_sample_does_not_skip_a_video_for_a_passing_failure(tmp_path, monkeypatch) -> None:
+    """Out of descriptors (or any failure of the system rather than the file) raises and
+    leaves the video drawable: the next call gives the items the seed gives."""
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    for name in ("a.mp4", "b.mp4"):
+        (folder / name).write_bytes(make_video(VideoSpec(frames=12, seed=1)))
+    with Reader(str(folder), size=16) as reader:
+        want = reader.sample(6, 4, seed=7)
+    with Reader(str(folder), size=16) as reader:
+        info = reader._catalog.info
+
+        def out_of_descriptors(vid):
+            try:
+                raise OSError(errno.EMFILE, "Too many open files")
+            except OSError as e:
+                raise SourceError(f"raw/b.mp4: {e.strerror}") from None
+
+        monkeypatch.setattr(reader._catalog, "info", out_of_descriptors)
+        with pytest.raises(SourceError, match="Too many open files"):
+            reader.sample(6, 4, seed=7)
+        monkeypatch.setattr(reader._catalog, "info", info)
+        assert reader.sample(6, 4, seed=7) == want

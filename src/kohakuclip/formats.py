@@ -226,7 +226,8 @@ def read_index_header(
     kind = magic.rstrip(b"\0").decode()
     first = bytes(read(0, _FIRST_READ if size is None else min(size, _FIRST_READ)))
     if len(first) < INDEX_HEAD_SIZE or first[:8] != magic:
-        hint = _OTHER_SHARDS.get(first[:8], "bad magic or truncated")
+        other = _OTHER_SHARDS.get(first[:8]) if first[:8] != magic else None
+        hint = other or "bad magic or truncated"
         raise IndexFormatError(f"{where}: not a {kind} index ({hint})")
     length = int.from_bytes(first[8:16], "little")
     end = INDEX_HEAD_SIZE + length

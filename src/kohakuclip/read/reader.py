@@ -27,7 +27,7 @@ from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator
 from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.files import FileCache
-from kohakuclip.storage.remote import ObjectStoreError, fetch_ranges
+from kohakuclip.storage.remote import ObjectStoreError, fetch_ranges, is_store_failure
 from kohakuclip.storage.video_catalog import Catalog
 from kohakuclip.storage.video_listing import SourceError
 from kohakuclip.tracks import VideoTrack
@@ -79,6 +79,25 @@ class Batch:
 _AVCODECS: list[tuple[Any, int]] = [("h264", 0), ("hevc", 0), *(("mjpeg", k) for k in range(4))]
 _AVCODEC_ROWS = {"h264": 0, "hevc": 1, "jpeg": 2}
 _REACH_BACK = 2  # keyframes a clip with frames the decoder dropped is retried from (plan_clip)
+
+
+_DATA_OS_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+"""Errors of the system about one file, which another try does not change."""
+
+
+def _about_the_video(error: BaseException) -> bool:
+    """Whether ``error`` (and what it came from) is about a video's own bytes or file, not
+    storage or the system failing (a timeout, EMFILE, EIO: the next try may succeed)."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a short chain; no loops
+        if seen is None:
+            return True
+        if is_store_failure(seen) or (
+            isinstance(seen, OSError) and not isinstance(seen, _DATA_OS_ERRORS)
+        ):
+            return False
+        seen = seen.__cause__ or seen.__context__
+    return True
 
 
 class _Worker:
@@ -288,20 +307,21 @@ class Reader(ReaderBase[Item, Batch]):
         ]
 
     def _readable_info(self, vid: int) -> dict[str, Any] | None:
-        """The catalog's facts of a drawn video, or None (warned once) when it cannot be read;
-        storage failing (not the video's bytes) raises, as does every video being unreadable."""
-        if vid in self._unreadable:
-            return None
-        try:
-            return self._catalog.info(vid)
-        except SourceError as e:
-            if isinstance(e.__cause__, ObjectStoreError):
-                raise
-            self._unreadable.add(vid)
-            if len(self._unreadable) == len(self):
-                raise SourceError(f"no video of the sources can be read; the last: {e}") from e
-            warnings.warn(f"sample() skips a video it cannot read: {e}", stacklevel=3)
-            return None
+        """The catalog's facts of a drawn video, or None (warned once) when its bytes cannot be
+        read; storage or the system failing (which the next try may not) raises, as does every
+        video being unreadable."""
+        if vid not in self._unreadable:
+            try:
+                return self._catalog.info(vid)
+            except SourceError as e:
+                if not _about_the_video(e):
+                    raise
+                self._unreadable.add(vid)
+                if len(self._unreadable) < len(self):
+                    warnings.warn(f"sample() skips a video it cannot read: {e}", stacklevel=3)
+        if len(self._unreadable) >= len(self):
+            raise SourceError("no video of the sources can be read (sample() warned of each)")
+        return None
 
     # -- reading -----------------------------------------------------------------------------
     def batch_shape(self, n_items: int, frames: int) -> tuple[int, ...]:
