@@ -34,6 +34,7 @@ __all__ = [
     "ObjectStoreError",
     "RemoteObject",
     "adopt_store_environment",
+    "delete_objects",
     "describe_error",
     "fetch_ranges",
     "gather_into",
@@ -371,6 +372,23 @@ def put_object(
         obstore.put(store, key, body if isinstance(body, bytes) else Path(body))
     except Exception as e:
         raise describe_error(url, e) from None
+
+
+def delete_objects(urls: Sequence[str], options: Mapping[str, Any] | None = None) -> None:
+    """Delete the objects ``urls`` (of one store), in bulk where the store can.
+
+    Args:
+        urls: the objects, all under one store root.
+        options: the ``storage_options`` of the store.
+    """
+    if not urls:
+        return
+    obstore = _obstore(urls[0])
+    store, _ = store_for(urls[0], options)
+    try:
+        obstore.delete(store, [store_for(url, options)[1] for url in urls])
+    except Exception as e:
+        raise describe_error(urls[0], e) from None
 
 
 def _coalesce(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -46,7 +46,7 @@ class DerivedTables:
     The catalog keeps them after it drops the track, so that a video resolved again is not
     read whole again."""
 
-    keep: np.ndarray
+    keep: np.ndarray | None  # None: no skip table (every sample kept whole)
     av1_frames: np.ndarray | None
     colorspace: str
     full_range: bool
@@ -57,7 +57,7 @@ class DerivedTables:
 
     @property
     def nbytes(self) -> int:
-        return self.keep.nbytes + (0 if self.av1_frames is None else self.av1_frames.nbytes)
+        return sum(a.nbytes for a in (self.keep, self.av1_frames) if a is not None)
 
 
 def resolve_video(
@@ -219,21 +219,8 @@ def _from_moov(
     try:
         with _opened(objects, path, where) as f:
             mp4 = parse_mp4(lambda off, n: f.read(base + off, n), size, base=base, where=where)
-            av1_frames, keep, samples = None, None, None
-            if derived is None and skip_tables and mp4.codec in ("av1", "h264", "hevc"):
-                samples = _read_samples(f, mp4.offsets, mp4.sizes)
-            if derived is not None:
-                av1_frames, keep = derived.av1_frames, derived.keep
-            elif mp4.codec == "av1":
-                deps = _analyze_av1(samples, mp4.prefix, where)
-                av1_frames, keep = (None, None) if deps is None else (deps.frames, deps.keep)
-            elif mp4.codec in ("h264", "hevc"):
-                keep = _h26x_keep(samples, mp4, where)
-            if derived is not None:
-                matrix, full_range = derived.colorspace, derived.full_range
-            else:  # a parsed track has samples
-                first = (int(mp4.offsets[0]), int(mp4.sizes[0]))
-                matrix, full_range = mp4.colour(lambda: samples[0] if samples else f.read(*first))
+            if derived is None:
+                derived = _derive(f, mp4, skip_tables, where)
     except ValueError as e:
         raise SourceError(str(e)) from None
     sizes = np.asarray(mp4.sizes, dtype=np.uint32)
@@ -242,19 +229,37 @@ def _from_moov(
         width=mp4.width,
         height=mp4.height,
         fps=float(mp4.fps),
-        colorspace=matrix,
-        full_range=full_range,
+        colorspace=derived.colorspace,
+        full_range=derived.full_range,
         prefix=bytes(mp4.prefix),
         nal_length_size=int(mp4.nal_length_size),
         path=path,
         offsets=np.asarray(mp4.offsets, dtype=np.uint64),
         sizes=sizes,
-        keep=sizes if keep is None else keep,
+        keep=sizes if derived.keep is None else derived.keep,
         keyframe=np.asarray(mp4.keyframes, dtype=bool),
         display=np.asarray(mp4.display, dtype=np.int64),
-        av1_frames=av1_frames,
+        av1_frames=derived.av1_frames,
         config=bytes(mp4.config),
     )
+
+
+def _derive(f: RangedFile, mp4: Any, skip_tables: bool, where: str) -> DerivedTables:
+    """What a video without an index needs computed from its samples, from one read of them:
+    its skip tables (when ``skip_tables``) and its
+    colour (``Mp4Track.colour``: the first sample only where the ``colr`` box is silent)."""
+    samples = None
+    if skip_tables and mp4.codec in ("av1", "h264", "hevc"):
+        samples = _read_samples(f, mp4.offsets, mp4.sizes)
+    av1_frames, keep = None, None
+    if mp4.codec == "av1":
+        deps = _analyze_av1(samples, mp4.prefix, where)
+        av1_frames, keep = (None, None) if deps is None else (deps.frames, deps.keep)
+    elif mp4.codec in ("h264", "hevc"):
+        keep = _h26x_keep(samples, mp4, where)
+    first = (int(mp4.offsets[0]), int(mp4.sizes[0]))  # a parsed track has samples
+    matrix, full_range = mp4.colour(lambda: samples[0] if samples else f.read(*first))
+    return DerivedTables(keep, av1_frames, matrix, full_range)
 
 
 def _analyze_av1(samples: list[memoryview] | None, prefix: bytes, where: str) -> Av1Deps | None:

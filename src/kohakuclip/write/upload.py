@@ -38,12 +38,11 @@ from pathlib import Path
 from kohakuclip.errors import KohakuClipError, os_error_text
 from kohakuclip.formats import ENCODING_FILE, SHARD_SUFFIXES
 from kohakuclip.storage.remote import (
-    describe_error,
+    delete_objects,
     is_url,
     list_objects,
     open_object,
     put_object,
-    store_for,
 )
 from kohakuclip.write._atomic import write_atomically
 from kohakuclip.write.parts import OutputNames, Part, earlier_run
@@ -102,19 +101,6 @@ def _files_of(local: str, names: OutputNames) -> list[str]:
 
 def _is_run_file(name: str, names: OutputNames) -> bool:
     return names.owns(name) or names.temporary(name) or name in (names.record, ENCODING_FILE)
-
-
-def _delete_objects(urls: Sequence[str]) -> None:
-    """Delete the objects ``urls`` (of one store), in bulk where the store can."""
-    if not urls:
-        return
-    store, _ = store_for(urls[0])  # raises first where obstore is missing
-    import obstore
-
-    try:
-        obstore.delete(store, [store_for(url)[1] for url in urls])
-    except Exception as e:
-        raise describe_error(urls[0], e) from None
 
 
 @dataclass
@@ -241,7 +227,7 @@ class StagedOutput(Output):
         for name in sorted(ready, key=lambda name: _order(name, self.names.record)):
             if self.present.get(name) != os.path.getsize(self._local(name)):
                 self._put(name)
-        _delete_objects([self.url + name for name in self.present if name.startswith(pending)])
+        delete_objects([self.url + name for name in self.present if name.startswith(pending)])
 
     def fetch_state(self) -> None:
         """Make staging hold what the bucket holds of the run: its files there (a staging folder
