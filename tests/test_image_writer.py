@@ -583,3 +583,23 @@ def test_a_folder_the_writer_may_not_list_is_in_the_skip_log(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
     assert [(x["key"], x["reason"]) for x in lines] == [("locked", "unreadable")]
     assert "cannot list the folder" in lines[0]["detail"]
+
+
+def test_an_interrupt_while_a_shard_opens_leaves_no_partial_file(tmp_path, monkeypatch) -> None:
+    """As for videos: Ctrl-C between the shard's temporary file and the writer holding it."""
+    from kohakuclip.write import images
+
+    src = tmp_path / "src"
+    src.mkdir()
+    Image.fromarray(photo(64, 80, seed=1)).save(src / "a.png")
+
+    class Interrupted(images._ShardWriter):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(images, "_ShardWriter", Interrupted)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        write_images(out, [src], min_short=0, progress=False)
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]

@@ -346,3 +346,22 @@ def test_a_corrupt_encoding_json_is_named(tmp_path, capsys) -> None:
     folder = make_folder(tmp_path / "videos", {"a.mp4": clip(0)})
     assert cli.main([str(out), str(folder), "--resume", "--preset", "12", "--quiet"]) == 2
     assert capsys.readouterr().err.startswith(f"kohakuclip-write: error: {out / 'encoding.json'}:")
+
+
+def test_an_interrupt_while_a_shard_opens_leaves_no_partial_file(tmp_path, monkeypatch) -> None:
+    """Ctrl-C landing after the shard's temporary file exists but before the writer holds the
+    shard (an interrupt between two bytecodes) still removes that file."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.mp4").write_bytes(make_video(VideoSpec(frames=6, seed=1)))
+
+    class Interrupted(shards.ShardWriter):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(shards, "ShardWriter", Interrupted)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        write_videos(out, [src], preset=12, workers=1, progress=False)
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]

@@ -40,7 +40,13 @@ from kohakuclip.formats import ENCODING_FILE, IMAGE_CODECS, IMAGE_MANIFEST_SCHEM
 from kohakuclip.storage.image_index import encode_image_index, image_records
 from kohakuclip.storage.remote import is_store_failure
 from kohakuclip.storage.zip import ZipWriter
-from kohakuclip.write._atomic import PendingFile, naming, replacing, write_atomically
+from kohakuclip.write._atomic import (
+    TEMP_SUFFIX,
+    PendingFile,
+    naming,
+    replacing,
+    write_atomically,
+)
 from kohakuclip.write.image_codecs import (
     INDEX_CODEC,
     Encoded,
@@ -459,6 +465,7 @@ def _encode(
         contextlib.closing(_in_order(items, settings, workers)) as results,
     ):
         shard: _ShardWriter | None = None
+        making = ""  # the shard being opened: an interrupt may land before ``shard`` is set
         rows: list[dict[str, Any]] = []
         try:
             for item, result in results:
@@ -472,8 +479,8 @@ def _encode(
                     summary.skipped += 1
                     continue
                 if shard is None:
-                    name = names.shard(len(summary.shards), "zip")
-                    shard = _ShardWriter(os.path.join(out, name))
+                    making = os.path.join(out, names.shard(len(summary.shards), "zip"))
+                    shard = _ShardWriter(making)
                 index = len(shard)
                 member = shard.add(_clean_key(item.key), result)
                 rows.append(_manifest_row(shard.path, index, item, member, result))
@@ -489,6 +496,9 @@ def _encode(
         except BaseException:
             if shard is not None:
                 shard.abort()
+            elif making:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(making + TEMP_SUFFIX)
             raise
 
 

@@ -318,6 +318,7 @@ class _Run:
         self.next_shard = done.next_shard
         self.used = {row["member"] for row in done.rows}
         self.shard: ShardWriter | None = None
+        self.making = ""  # the shard last opened: an interrupt may land before ``shard`` is set
         self.rows: list[dict[str, Any]] = []
         self.result = WriteResult(target.name, resumed_videos=len(done.rows))
         self._skipped = open(os.path.join(self.out, names.skipped), "a", encoding="utf-8")
@@ -332,7 +333,8 @@ class _Run:
     def add(self, source: Source, video: EncodedVideo, labels: dict[str, Any]) -> None:
         if self.shard is None:
             name = self.names.shard(self.next_shard, self.container)
-            self.shard = ShardWriter(os.path.join(self.out, name), self.container)
+            self.making = os.path.join(self.out, name)
+            self.shard = ShardWriter(self.making, self.container)
         member = _member_name(source.name, self.used)
         try:
             entry = self.shard.add(member, video.data)
@@ -390,6 +392,9 @@ class _Run:
         if self.shard is not None:
             self.shard.abort()
             self.shard = None
+        elif self.making:  # interrupted between opening the shard and holding it
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.making + TEMP_SUFFIX)
 
     def close(self) -> None:
         self._skipped.close()
