@@ -166,16 +166,24 @@ def paired_ratios(
     return {label: (statistics.geometric_mean(v), min(v), max(v)) for label, v in ratios.items()}
 
 
-def draw_items(sources: list[str], spec: dict, clips: int, seed: int) -> list:
+def draw_items(sources: list[str], spec: dict, clips: int, seed: int, distinct_in: int = 0) -> list:
+    """``clips`` items of ``spec``, each from a video drawn at random; with ``distinct_in``,
+    every run of that many items (a batch) from as many different videos, so that no two
+    clips of a batch share a video (and so no decoding)."""
     import numpy as np
 
     import kohakuclip
 
     reader = kohakuclip.Reader(sources, seed=seed)
     rng = np.random.default_rng(seed)
+    if distinct_in > len(reader):
+        raise SystemExit(f"batches of {distinct_in} distinct videos: only {len(reader)} videos")
     items = []
-    for _ in range(clips):
-        vid = int(rng.integers(0, len(reader)))
+    order: list[int] = []
+    for k in range(clips):
+        if distinct_in and k % distinct_in == 0:
+            order = rng.permutation(len(reader))[:distinct_in].tolist()
+        vid = order[k % distinct_in] if distinct_in else int(rng.integers(0, len(reader)))
         info = reader.info(vid)
         if spec["random"]:
             frames = kohakuclip.random_frames(info.n, spec["frames"], rng)

@@ -1,7 +1,7 @@
 """Clip reading, kohakuclip and KohakuClip 1.0.0 in one process, alternating batch by batch.
 
     python benchmarks/side_by_side.py --reference-package DIR [SHARD_OR_FOLDER...] [--threads 1 2]
-        [--naive] [--torchcodec]
+        [--naive] [--torchcodec] [--distinct] [--dav1d-time]
 
 Run it with an interpreter that has kohakuclip installed and the Python version of the
 reference's wheel (its extension is built for one), under whatever environment the reference
@@ -20,6 +20,10 @@ in /tmp/kc-busy-media). ``--torchcodec`` adds torchcodec's CPU decoder the same 
 ``VideoDecoder`` per clip, one FFmpeg thread, ``get_frames_at``; the same crop and OpenCV area
 resize as the naive loop, so the columns differ in decoding only); it needs torch and torchcodec
 in the interpreter (benchmarks/torchcodec_env.sh makes such a venv, no GPU needed).
+Items are drawn video by video at random, so a batch may hold several clips of one video; ours
+then decodes the GOPs they share once (1.0.0 decodes clip by clip). ``--distinct`` draws every
+batch from as many different videos (``--batch`` at most the number of videos): the cost per
+clip with nothing shared.
 ``--dav1d-time`` (AV1) compiles benchmarks/dav1d_time.c with gcc, runs the script again with it
 preloaded, and prints under each row the thread CPU ms per output frame spent inside libdav1d
 (send / get calls, which decode) and outside it, for each reader, with the pictures each got:
@@ -219,6 +223,11 @@ def main() -> None:
     ap.add_argument("--torchcodec", action="store_true", help="add torchcodec's CPU decoder")
     ap.add_argument("--torchcodec-seek", default="approximate", choices=["approximate", "exact"])
     ap.add_argument("--dav1d-time", action="store_true", help="split CPU at libdav1d's calls")
+    ap.add_argument(
+        "--distinct",
+        action="store_true",
+        help="no two clips of a batch from one video (clips sharing a video share decoding)",
+    )
     args = ap.parse_args()
     interposer = dav1d_interposer(args.workdir) if args.dav1d_time else None
 
@@ -252,7 +261,9 @@ def main() -> None:
             f" {'95 % interval':>13} {'wall ratio':>10}{heads}"
         )
         for name in args.specs:
-            items = draw_items(sources, SPECS[name], args.clips, seed=1)
+            items = draw_items(
+                sources, SPECS[name], args.clips, seed=1, distinct_in=args.batch * args.distinct
+            )
             for threads in args.threads:
                 readers: dict[str, Any] = {
                     "ref": ref.Reader(sources, size=args.size, seed=0, threads=threads),  # type: ignore[attr-defined]

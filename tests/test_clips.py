@@ -140,6 +140,25 @@ def test_gulp_jpeg_clips_compiled_match_pyav(sources: Sources, mode: str) -> Non
     assert compiled.video.std() > 5
 
 
+@pytest.mark.parametrize("source", ["folder", "gulp"])
+def test_clips_sharing_a_video_decode_it_once_and_match_pyav(sources: Sources, source: str):
+    """Three clips per video in one batch: the compiled path decodes their GOPs (frames) once
+    for all three and writes the bytes PyAV gives clip by clip."""
+    got, decoded = {}, {}
+    for compiled in (True, False):
+        with Reader(getattr(sources, source), size=24, hflip=0.5, vflip=0.5, yuv_size=96) as r:
+            r._compiled = compiled
+            items = []
+            for v in range(len(r)):
+                n = r.info(v).n
+                items += [(v, [0, 2, 4]), (v, [1, 2, n - 1]), (v, [n - 1, 3, 3])]
+            got[compiled] = r.read(items, seed=5)
+            decoded[compiled] = r.stats()["frames_decoded"]
+    np.testing.assert_array_equal(got[True].video, got[False].video)
+    assert got[True].video.std() > 5
+    assert decoded[True] < decoded[False]
+
+
 def _image_twins(path: str, **options: object) -> list:
     got = []
     for compiled in (True, False):

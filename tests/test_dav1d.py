@@ -134,3 +134,59 @@ def test_ten_bit_av1_takes_the_pyav_path(tmp_path) -> None:
         assert not takes_dav1d(track)
         batch = reader.read([(0, [2, 11])])
     assert batch.video.shape == (1, 2, 3, 16, 16) and batch.video.std() > 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("mode", ["rgb", "yuv_resized"])
+def test_clips_of_one_video_decode_once_and_match_reading_each_alone(
+    shards: Shards, mode: str, threads: int
+) -> None:
+    """Several views of one video in a batch (evaluation crops, contrastive pairs) share one
+    decoding of their GOPs; each clip's bytes are what reading it alone gives."""
+    items = [
+        (0, [2, 9, 17, 30]),
+        (1, [5, 6, 7, 8]),
+        (0, [3, 9, 16, 31]),
+        (0, [30, 2, 2, 39]),
+        (1, [40, 7, 22, 47]),
+        (0, [10, 11, 12, 13]),
+    ]
+    keys = [101, 202, 303, 404, 505, 606]  # a clip's crop and flips whatever its batch
+    options = dict(size=24, hflip=0.5, vflip=0.5, mode=mode)
+    with Reader(shards.zip, threads=threads, **options) as reader:  # type: ignore[arg-type]
+        together = reader.read(items, item_keys=keys)
+        shared = reader.stats()
+    alone = []
+    decoded_alone = 0
+    with Reader(shards.zip, threads=1, **options) as reader:  # type: ignore[arg-type]
+        for item, key in zip(items, keys):
+            alone.append(reader.read([item], item_keys=[key]).video[0])
+        decoded_alone = reader.stats()["frames_decoded"]
+    np.testing.assert_array_equal(together.video, np.stack(alone))
+    assert len({tuple(c) for c in together.crops[[0, 2, 3, 5]].tolist()}) > 1  # views differ
+    assert shared["frames_out"] == 24
+    assert shared["frames_decoded"] < decoded_alone
+
+
+def test_a_bad_frame_index_fails_its_clip_not_the_clips_sharing_its_video(shards: Shards) -> None:
+    with Reader(shards.zip, size=16, threads=1) as reader:
+        out = np.zeros(reader.batch_shape(3, 2), np.uint8)
+        with pytest.raises(ClipError, match=r"odd.mp4: frames \[3, 400\]: frame 400 out of range"):
+            reader.read([(0, [1, 2]), (0, [3, 400]), (0, [5, 6])], out, seed=4)
+        alone = reader.read([(0, [1, 2]), (0, [3, 4]), (0, [5, 6])], seed=4).video
+    np.testing.assert_array_equal(out[[0, 2]], alone[[0, 2]])
+    assert out[1].max() == 0
+
+
+def test_a_follower_needs_the_crop_size_of_the_clip_it_follows(shards: Shards) -> None:
+    with Reader(shards.zip) as reader:
+        track = reader._catalog.track(0)
+    tables = ShareTables("rgb", 16, 16)
+    with pytest.raises(ValueError, match="needs a clip"):
+        tables.add_follower(0, {1: [0]}, (0, 0, 70, 70), (False, False))
+    plan = plan_clip(track, [1, 2], True)
+    tables.add(0, -1, plan, (0, 0, 70, 70), (False, False), np.eye(3, 4, dtype=np.float32))
+    with pytest.raises(ValueError, match="differs in size"):
+        tables.add_follower(1, {1: [0]}, (0, 0, 64, 64), (False, False))
+    with pytest.raises(ValueError, match="differs in size"):
+        tables.add_follower(1, {1: [0]}, (1, 0, 70, 70), (False, False))

@@ -14,6 +14,7 @@ import kohakuclip
 from kohakuclip import ClipError, Reader
 from kohakuclip.decode.pixels import yuv420_planes, yuv_to_rgb_matrix
 from kohakuclip.formats import FRAME_RECORD
+from kohakuclip.read.reader import _shares_by_video
 from kohakuclip.write.pack import ShardWriter, pack
 from tests.media import VideoSpec, decode_planes, make_video, psnr
 
@@ -464,3 +465,29 @@ def test_yuv_resized_converts_to_the_rgb_output(tmp_path) -> None:
             stacked = np.stack([py.astype(np.float64), u, v, np.ones_like(u)])
             converted = np.clip(np.round(np.tensordot(m, stacked, axes=1)), 0, 255)
             assert psnr(rgb.video[i, t], converted) >= 32, (i, t)
+
+
+@pytest.mark.parametrize(
+    ("vids", "threads"),
+    [
+        ([0, 1, 0, 2, 1, 0, 3, 3], 2),
+        ([5] * 16, 2),
+        ([0, 1, 2, 3, 4, 5, 6], 3),
+        ([0, 0, 0, 1], 8),
+        ([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4], 2),
+        ([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2], 2),
+        ([3, 1, 3, 2, 1, 3, 0, 2, 1, 3], 3),
+    ],
+)
+def test_threads_take_a_video_s_clips_together_and_balanced(vids: list[int], threads: int):
+    shares = _shares_by_video(vids, threads)
+    n, count = len(vids), min(threads, len(vids))
+    assert sorted(i for share in shares for i in share) == list(range(n))
+    assert all(share == sorted(share) for share in shares)
+    most = -(-n // count)
+    assert len(shares) == count and max(map(len, shares)) <= most  # as even as array_split
+    # a video's clips are cut into runs of at most `most`, and a run is cut at most where
+    # it fills a thread (each thread once, the last never)
+    splits = sum(sum(any(vids[i] == v for i in s) for s in shares) - 1 for v in set(vids))
+    runs = sum(-(-vids.count(v) // most) - 1 for v in set(vids))
+    assert splits <= runs + count - 1

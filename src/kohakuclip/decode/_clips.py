@@ -12,7 +12,10 @@ the GIL busy, a share costs a few GIL hand-offs instead of several per GOP, pack
 Tables (int64):
 
 - ``clips`` [C, CLIP_FIELDS]: descriptor, GOP and target ranges, batch slot, crop and flips,
-  matrix row, prefix range, NAL length size, decoder row.
+  matrix row, prefix range, NAL length size, decoder row, followers: the clips after it (of the
+  same video, with a crop window of the same size) that take their pictures from its decoding
+  and read nothing themselves (``ShareTables.add_follower``). Clips of a batch that want frames
+  of the same GOPs (several views of one video, or short videos) decode them once.
 - ``gops`` [G, 5]: file offset, length, first and end packet of each read, and where the read
   starts in ``fetched`` (-1: ``pread`` from the clip's descriptor).
 - ``packets`` [P, 3]: first and end piece, display index (the decoder's timestamp).
@@ -52,8 +55,8 @@ __all__ = [
 # clip table columns
 FD, GOP_FIRST, GOP_END, TARGET_FIRST, TARGET_END, SLOT = 0, 1, 2, 3, 4, 5
 CROP = 6  # x, y, w, h, hflip, vflip, chroma shift x, y: eight columns (``_frame.write_frame``)
-MATRIX, PREFIX_FIRST, PREFIX_END, NAL_LENGTH_SIZE, DECODER = 14, 15, 16, 17, 18
-CLIP_FIELDS = 19
+MATRIX, PREFIX_FIRST, PREFIX_END, NAL_LENGTH_SIZE, DECODER, FOLLOWERS = 14, 15, 16, 17, 18, 19
+CLIP_FIELDS = 20
 
 GOP_FETCHED = 4  # gops column: start in ``fetched``
 
@@ -228,11 +231,13 @@ def decode_dav1d(
     sizes = picture.view(np.int32)
     written = np.zeros(len(targets), np.bool_)
     clock = np.zeros(2, np.int64)
-    for c in range(len(clips)):
+    c = 0
+    while c < len(clips):
+        end = c + 1 + clips[c, FOLLOWERS]
         code, detail, produced, failing = OK, 0, 0, -1
-        crop = clips[c, CROP : CROP + 8].copy()
-        taps = frame_taps(crop, settings[0], settings[1])
-        width, height = crop[0] + crop[2], crop[1] + crop[3]
+        crops = clips[c:end, CROP : CROP + 8].copy()
+        taps = frame_taps(crops[0], settings[0], settings[1])
+        width, height = _extent(crops)
         for g in range(clips[c, GOP_FIRST], clips[c, GOP_END]):
             start = _now(clock)
             if not _read_gop(clips[c, FD], gops[g], fetched, buf):
@@ -284,12 +289,14 @@ def decode_dav1d(
                             code, detail = WRONG_SIZE, pw * 65536 + ph
                         else:
                             display = words[_dav1d._PICTURE_TIMESTAMP]
-                            t = _target(share, c, display, written)
-                            if t >= 0:
-                                p0 = _now(clock)
-                                _, y, u, v = _dav1d._picture(picture.reshape((1, -1)), 0)
-                                _place(share, c, t, crop, taps, y, u, v, written, output)
-                                in_pixels += _now(clock) - p0
+                            for m in range(c, end):
+                                t = _target(share, m, display, written)
+                                if t >= 0:
+                                    p0 = _now(clock)
+                                    _, y, u, v = _dav1d._picture(picture.reshape((1, -1)), 0)
+                                    crop = crops[m - c]
+                                    _place(share, m, t, crop, taps, y, u, v, written, output)
+                                    in_pixels += _now(clock) - p0
                         _dav1d._picture_unref(picture_ptr)
                         if code != OK:
                             break
@@ -303,12 +310,43 @@ def decode_dav1d(
             if code != OK:
                 break
         _dav1d_flush(ctx)
+        _report(clips, c, end, targets, written, code, detail, produced, failing, status)
+        c = end
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def _extent(crops: np.ndarray) -> tuple[int, int]:
+    """The picture width and height every crop window of a decoding group needs."""
+    width = height = 0
+    for r in range(len(crops)):
+        width = max(width, crops[r, 0] + crops[r, 2])
+        height = max(height, crops[r, 1] + crops[r, 3])
+    return width, height
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def _report(
+    clips: np.ndarray,
+    first: int,
+    end: int,
+    targets: np.ndarray,
+    written: np.ndarray,
+    code: int,
+    detail: int,
+    produced: int,
+    failing: int,
+    status: np.ndarray,
+) -> None:
+    """The status of clips ``first`` to ``end`` (a decoding group): the group's outcome, or for
+    a group that decoded, MISSING_FRAME for a clip whose frame never came out."""
+    for c in range(first, end):
+        clip_code, clip_detail = code, detail
         if code == OK:
             missing = _missing(clips, c, targets, written)
             if missing >= 0:
-                code, detail = MISSING_FRAME, missing
-        status[c, 0], status[c, 1] = code, detail
-        status[c, 2] = produced if code == OK else failing
+                clip_code, clip_detail = MISSING_FRAME, missing
+        status[c, 0], status[c, 1] = clip_code, clip_detail
+        status[c, 2] = produced if clip_code == OK else failing
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
@@ -323,18 +361,20 @@ def _take_frames(
     picture: np.ndarray,
     share: Share,
     c: int,
-    crop: np.ndarray,
+    crops: np.ndarray,
     taps: Any,
     written: np.ndarray,
     output: Output,
     neutral: np.ndarray,
     counts: np.ndarray,
 ) -> tuple[int, int, int, Any]:
-    """Receive every frame the decoder has ready and place the wanted ones.
+    """Receive every frame the decoder has ready and place the wanted ones, for clip ``c`` and
+    its followers (``crops``: their crop rows).
 
     Returns (receive status: AGAIN, END or an error; our code, its detail, the taps in use:
     they follow the pictures' chroma subsampling). ``counts``: [produced, pixel ns]."""
     clock = np.zeros(2, np.int64)
+    width, height = _extent(crops)
     while True:
         got = _avcodec.receive_frame(handle, picture)
         if got != _avcodec.OK:
@@ -345,11 +385,13 @@ def _take_frames(
         if fmt < 0 or (fmt == _avcodec.GRAY and (neutral.shape[0] < ph or neutral.shape[1] < pw)):
             _avcodec.unref_frame(handle)
             return got, UNSUPPORTED_FORMAT, fmt, taps
-        if pw < crop[0] + crop[2] or ph < crop[1] + crop[3]:
+        if pw < width or ph < height:
             _avcodec.unref_frame(handle)
             return got, WRONG_SIZE, pw * 65536 + ph, taps
-        t = _target(share, c, picture[_avcodec.PTS], written)
-        if t >= 0:
+        for m in range(c, c + len(crops)):
+            t = _target(share, m, picture[_avcodec.PTS], written)
+            if t < 0:
+                continue
             start = _now(clock)
             y = _plane(picture, _avcodec.Y_ADDRESS, ph)
             if fmt == _avcodec.GRAY:
@@ -359,10 +401,10 @@ def _take_frames(
                 sx, sy = _SHIFTS[fmt, 0], _SHIFTS[fmt, 1]
                 u = _plane(picture, _avcodec.U_ADDRESS, (ph + sy) >> sy)
                 v = _plane(picture, _avcodec.V_ADDRESS, (ph + sy) >> sy)
-            if crop[6] != sx or crop[7] != sy:
-                crop[6], crop[7] = sx, sy
-                taps = frame_taps(crop, output[2][0], output[2][1])
-            _place(share, c, t, crop, taps, y, u, v, written, output)
+            if crops[0, 6] != sx or crops[0, 7] != sy:
+                crops[:, 6], crops[:, 7] = sx, sy
+                taps = frame_taps(crops[0], output[2][0], output[2][1])
+            _place(share, m, t, crops[m - c], taps, y, u, v, written, output)
             counts[1] += _now(clock) - start
         _avcodec.unref_frame(handle)
 
@@ -387,12 +429,14 @@ def decode_avcodec(
     written = np.zeros(len(targets), np.bool_)
     clock = np.zeros(2, np.int64)
     counts = np.zeros(2, np.int64)
-    for c in range(len(clips)):
+    c = 0
+    while c < len(clips):
+        end = c + 1 + clips[c, FOLLOWERS]
         code, detail, failing = OK, 0, -1
         counts[:] = 0
         handle = handles[clips[c, DECODER]]
-        crop = clips[c, CROP : CROP + 8].copy()
-        taps = frame_taps(crop, settings[0], settings[1])
+        crops = clips[c:end, CROP : CROP + 8].copy()
+        taps = frame_taps(crops[0], settings[0], settings[1])
         length_size = clips[c, NAL_LENGTH_SIZE]
         decode_ns = 0
         for g in range(clips[c, GOP_FIRST], clips[c, GOP_END]):
@@ -423,7 +467,7 @@ def decode_avcodec(
                 while True:
                     sent = _avcodec.send_packet(handle, packet.ctypes.data, at, packets[k, 2])
                     got, code, detail, taps = _take_frames(
-                        handle, picture, share, c, crop, taps, written, output, neutral, counts
+                        handle, picture, share, c, crops, taps, written, output, neutral, counts
                     )
                     if code == OK and got < 0:
                         code, detail = AVCODEC_ERROR, got
@@ -441,7 +485,7 @@ def decode_avcodec(
             mark = _now(clock)
             _avcodec.send_packet(handle, 0, 0, 0)
             got, code, detail, taps = _take_frames(
-                handle, picture, share, c, crop, taps, written, output, neutral, counts
+                handle, picture, share, c, crops, taps, written, output, neutral, counts
             )
             if code == OK and got < 0:
                 code, detail = AVCODEC_ERROR, got
@@ -449,12 +493,8 @@ def decode_avcodec(
         _avcodec.flush(handle)
         seconds[1] += decode_ns - counts[1]
         seconds[2] += counts[1]
-        if code == OK:
-            missing = _missing(clips, c, targets, written)
-            if missing >= 0:
-                code, detail = MISSING_FRAME, missing
-        status[c, 0], status[c, 1] = code, detail
-        status[c, 2] = counts[0] if code == OK else failing
+        _report(clips, c, end, targets, written, code, detail, counts[0], failing, status)
+        c = end
 
 
 @dataclass
@@ -481,6 +521,7 @@ class ShareTables:
     _matrix_rows: dict[bytes, int] = field(default_factory=dict)
     _prefix_rows: dict[bytes, tuple[int, int]] = field(default_factory=dict)
     _prefix_bytes: int = 0
+    _leader: int = -1  # the row the next follower joins (``add_follower``)
 
     def __len__(self) -> int:
         return len(self.clips)
@@ -521,8 +562,49 @@ class ShareTables:
             self.gops.append([gop.offset, gop.length, first_packet, len(self.packets), -1])
             self.longest_read = max(self.longest_read, gop.length + len(prefix))
         row[GOP_END] = len(self.gops)
+        self._leader = len(self.clips)
+        self._add_row(row, slot, plan.targets, crop)
+
+    def add_follower(
+        self,
+        slot: int,
+        targets: dict[int, list[int]],
+        crop: tuple[int, int, int, int],
+        flips: tuple[bool, bool],
+    ) -> None:
+        """Append a clip that reads nothing: its frames (``targets``: display index -> output
+        positions) come from the decoding of the clip added last, whose plan must cover them
+        (a plan of both clips' frames). ``crop`` must have that clip's width, height and
+        parity of x and y: the resize weights are computed once for both."""
+        if self._leader < 0:
+            raise ValueError("a follower needs a clip added before it")
+        first = self.clips[self._leader]
+        same_size = (
+            crop[2:] == tuple(first[CROP + 2 : CROP + 4])
+            and crop[0] % 2 == first[CROP] % 2
+            and crop[1] % 2 == first[CROP + 1] % 2
+        )
+        if not same_size:
+            raise ValueError(
+                f"a follower's crop {crop} differs in size from {first[CROP : CROP + 4]}"
+            )
+        row = list(first)
+        row[SLOT] = slot
+        row[CROP : CROP + 6] = [*crop, int(flips[0]), int(flips[1])]
+        row[GOP_FIRST] = row[GOP_END] = len(self.gops)
+        row[FOLLOWERS] = 0
+        first[FOLLOWERS] += 1
+        self._add_row(row, slot, targets, crop)
+
+    def _add_row(
+        self,
+        row: list[int],
+        slot: int,
+        targets: dict[int, list[int]],
+        crop: tuple[int, int, int, int],
+    ) -> None:
         row[TARGET_FIRST] = len(self.targets)
-        for display, where in plan.targets.items():
+        for display, where in targets.items():
             self.targets.append((display, len(self.positions), len(self.positions) + len(where)))
             self.positions.extend(where)
         row[TARGET_END] = len(self.targets)

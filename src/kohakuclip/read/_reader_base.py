@@ -175,15 +175,20 @@ class ReaderBase(ABC, Generic[ItemT, BatchT]):
         )
 
     def _dispatch(self, batch: BatchT, n: int, seed: int | None) -> Pending[BatchT]:
-        """Queue the ``n`` items of ``batch``, one contiguous share per thread; item ``i`` of a
-        batch read without ``item_keys`` takes its random choices from ``(seed, i)``."""
+        """Queue the ``n`` items of ``batch``, one share per thread (``_shares``); item ``i`` of
+        a batch read without ``item_keys`` takes its random choices from ``(seed, i)``."""
         if seed is None:
             seed = int(self._rng.integers(0, 2**63 - 1))
         pool, files = self._ensure_process()
-        shares = [s.tolist() for s in np.array_split(np.arange(n), min(self.threads, n))]
+        shares = self._shares(batch, n)
         pending: Pending[BatchT] = Pending(len(shares), batch)
         pool.submit(self._tasks(batch, shares, seed, files), pending)
         return pending
+
+    def _shares(self, batch: BatchT, n: int) -> list[list[int]]:
+        """The item positions each thread takes: contiguous runs of equal length (within one).
+        The split never changes what an item decodes to, only which thread writes it."""
+        return [s.tolist() for s in np.array_split(np.arange(n), min(self.threads, n))]
 
     @abstractmethod
     def _tasks(

@@ -23,13 +23,40 @@ from kohakuclip.formats import AV1_SHOW_EXISTING
 from kohakuclip.plan_types import ClipPlan, GopRead, Pieces
 from kohakuclip.tracks import VideoTrack
 
-__all__ = ["ClipPlan", "FrameRangeError", "GopRead", "Skip", "plan_clip"]
+__all__ = [
+    "ClipPlan",
+    "FrameRangeError",
+    "GopRead",
+    "Skip",
+    "check_frames",
+    "clip_targets",
+    "plan_clip",
+]
 
 Skip = bool | Literal["keep"]
 
 
 class FrameRangeError(KohakuClipError, IndexError):
     """A wanted frame index outside the video."""
+
+
+def check_frames(track: VideoTrack, frames: list[int] | np.ndarray) -> None:
+    """Raise ``FrameRangeError`` for a frame index outside ``track`` (``ValueError`` for no
+    frames)."""
+    if len(frames) == 0:
+        raise ValueError("a clip needs at least one frame")
+    low, high = min(frames), max(frames)
+    if low < 0 or high >= track.n:
+        bad = next(int(f) for f in frames if not 0 <= f < track.n)
+        raise FrameRangeError(f"frame {bad} out of range (video has {track.n} frames)")
+
+
+def clip_targets(frames: list[int] | np.ndarray) -> dict[int, list[int]]:
+    """Display index -> the clip's output positions that show it (a frame may repeat)."""
+    targets: dict[int, list[int]] = {}
+    for t, d in enumerate(frames):
+        targets.setdefault(int(d), []).append(t)
+    return targets
 
 
 def plan_clip(
@@ -41,18 +68,8 @@ def plan_clip(
     sample that is not an IDR picture (a recovery point without the SEI) may leave later
     frames referencing pictures before it, which the decoder then drops: the reader retries
     such clips from an earlier keyframe."""
-    wanted_display = np.asarray(frames, dtype=np.int64)
-    n = track.n
-    if wanted_display.size == 0:
-        raise ValueError("a clip needs at least one frame")
-    bad = (wanted_display < 0) | (wanted_display >= n)
-    if bad.any():
-        raise FrameRangeError(
-            f"frame {int(wanted_display[bad][0])} out of range (video has {n} frames)"
-        )
-    targets: dict[int, list[int]] = {}
-    for t, d in enumerate(wanted_display.tolist()):
-        targets.setdefault(d, []).append(t)
+    check_frames(track, frames)
+    targets = clip_targets(frames)
     # sorted() and bisect, not np.sort / np.searchsorted: those release the GIL, and each
     # release costs a decode thread up to a switch interval beside a busy training thread
     unique_display = list(targets)

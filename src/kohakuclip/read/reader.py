@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from time import thread_time
 from typing import TYPE_CHECKING, Any, Literal
@@ -21,7 +21,7 @@ from kohakuclip.decode.video import ClipDecoder, takes_dav1d
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.plan_types import ClipPlan
 from kohakuclip.read._reader_base import ReaderBase, Sources, merged_seconds, renamed, warn_renamed
-from kohakuclip.read.plan import FrameRangeError, Skip, plan_clip
+from kohakuclip.read.plan import FrameRangeError, Skip, check_frames, clip_targets, plan_clip
 from kohakuclip.read.pool import OwnedPool, Pending, Task
 from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator
@@ -98,6 +98,55 @@ def _about_the_video(error: BaseException) -> bool:
             return False
         seen = seen.__cause__ or seen.__context__
     return True
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """A clip bound for a compiled decoder: its batch position, video, decoder and row, crop
+    window (in the decoded picture's pixels) and flips."""
+
+    i: int
+    vid: int
+    track: VideoTrack
+    decoder: Any
+    row: int
+    window: tuple[int, int, int, int]
+    flips: tuple[bool, bool]
+
+
+def _decoding_groups(clips: list[_Bound]) -> list[list[_Bound]]:
+    """Clips decoded together: those of one video, decoder row and crop window size (and
+    parity: the resize weights are shared), in order of first appearance. Each group's frames
+    are read and decoded once, whatever GOPs its clips share."""
+    groups: dict[tuple[Any, ...], list[_Bound]] = {}
+    for bound in clips:
+        x, y, w, h = bound.window
+        key = (bound.vid, id(bound.decoder), bound.row, w, h, x % 2, y % 2)
+        groups.setdefault(key, []).append(bound)
+    return list(groups.values())
+
+
+def _shares_by_video(vids: list[int], threads: int) -> list[list[int]]:
+    """Item positions per thread, the items of one video together where the balance allows
+    (so their GOPs are decoded once): a video's items in runs of at most ceil(n / threads),
+    largest first, each to the thread holding the fewest items, cut where it would make that
+    thread hold more than ceil(n / threads) (so no thread holds more than with an even split)."""
+    n = len(vids)
+    count = min(threads, n)
+    most = -(-n // count)
+    by_video: dict[int, list[int]] = {}
+    for i, vid in enumerate(vids):
+        by_video.setdefault(vid, []).append(i)
+    runs = [items[k : k + most] for items in by_video.values() for k in range(0, len(items), most)]
+    runs.sort(key=len, reverse=True)
+    shares: list[list[int]] = [[] for _ in range(count)]
+    for run in runs:
+        while run:
+            share = min(shares, key=len)
+            room = most - len(share)
+            share.extend(run[:room])
+            run = run[room:]
+    return [sorted(share) for share in shares if share]
 
 
 class _Worker:
@@ -380,6 +429,10 @@ class Reader(ReaderBase[Item, Batch]):
         batch = Batch(video=out, items=clean, **self._records(len(clean), item_keys))
         return self._dispatch(batch, len(clean), seed)
 
+    def _shares(self, batch: Batch, n: int) -> list[list[int]]:
+        """Per thread, the items of one video kept together (``_shares_by_video``)."""
+        return _shares_by_video([vid for vid, _ in batch.items], self.threads)
+
     def _tasks(
         self, batch: Batch, shares: list[list[int]], seed: int, files: FileCache
     ) -> list[Task]:
@@ -401,12 +454,19 @@ class Reader(ReaderBase[Item, Batch]):
         """(URL, offset, length) -> bytes of every planned GOP read of remote clips; clips that
         fail to plan are left to the decode thread (which reports them)."""
         wanted = []
-        for vid, frames in items:
+        by_video: dict[int, set[int]] = {}
+        for vid, frames in items:  # grouped as the decode thread groups them
+            try:
+                check_frames(self._catalog.track(vid), frames)
+            except Exception:
+                continue
+            by_video.setdefault(vid, set()).update(frames)
+        for vid, union in by_video.items():
             try:
                 track = self._catalog.track(vid)
                 remote = self._catalog.remote(track.path)
                 if remote is not None:
-                    plan = plan_clip(track, frames, self.skip)
+                    plan = plan_clip(track, sorted(union), self.skip)
                     wanted += [(remote, g.offset, g.offset + g.length) for g in plan.reads]
             except Exception:
                 continue
@@ -436,15 +496,23 @@ class Reader(ReaderBase[Item, Batch]):
             fetched = self._prefetched(ahead)  # first: its tracks are then resolved
             with ExitStack() as descriptors:
                 tables: dict[int, tuple[Any, ShareTables]] = {}
+                bound: list[_Bound] = []
                 for i in share:
                     try:
-                        planned = self._add_clip(worker, batch, i, seed, files, descriptors, tables)
-                        if planned is None:
+                        one = self._bind_clip(worker, batch, i, seed)
+                        if one is None:
                             later.append(i)
                         else:
-                            counts[i] = planned
+                            bound.append(one)
                     except Exception as e:
                         errors[i] = e
+                for group in _decoding_groups(bound):
+                    try:
+                        counts.update(
+                            self._add_group(worker, batch, group, files, descriptors, tables)
+                        )
+                    except Exception as e:
+                        errors.update((member.i, e) for member in group)
                 video = batch.video.reshape(*batch.video.shape[:2], -1)
                 for decoder, share_tables in tables.values():
                     try:
@@ -470,33 +538,17 @@ class Reader(ReaderBase[Item, Batch]):
         vid, frames = batch.items[i]
         return ClipError(f"{self._catalog.where(vid)}: frames {frames}: {error}")
 
-    def _add_clip(
-        self,
-        worker: _Worker,
-        batch: Batch,
-        i: int,
-        seed: int,
-        files: FileCache,
-        descriptors: ExitStack,
-        tables: dict[int, tuple[Any, ShareTables]],
-    ) -> tuple[int, int, int] | None:
-        """Plan clip ``i`` into its compiled decoder's tables; returns what the plan decodes,
-        feeds and reads, or None for a clip the PyAV path takes."""
+    def _bind_clip(self, worker: _Worker, batch: Batch, i: int, seed: int) -> _Bound | None:
+        """Clip ``i``'s compiled decoder, crop window and flips (its frames checked against the
+        video), or None for a clip the PyAV path takes."""
         vid, frames = batch.items[i]
         track = self._catalog.track(vid)
         compiled = worker.compiled(track)
         if compiled is None:
             return None
         decoder, row = compiled
-        if id(decoder) not in tables:
-            from kohakuclip.decode._clips import ShareTables
-
-            tables[id(decoder)] = (decoder, ShareTables(self.mode, self.size, self.yuv_size))
-        share = tables[id(decoder)][1]
         crop, hflip, vflip = self._clip_geometry(batch, i, seed, track)
-        start = thread_time()
-        plan = plan_clip(track, frames, self.skip)
-        worker.seconds["plan"] += thread_time() - start
+        check_frames(track, frames)
         window = (crop.x, crop.y, crop.w, crop.h)
         if track.codec == "jpeg":  # GulpIO frames: shrunk in the DCT as the image reader does
             d = (
@@ -506,21 +558,56 @@ class Reader(ReaderBase[Item, Batch]):
             )
             window = scaled_window(track.width, track.height, crop, d)
             row += d.bit_length() - 1
+        return _Bound(i, vid, track, decoder, row, window, (hflip, vflip))
+
+    def _add_group(
+        self,
+        worker: _Worker,
+        batch: Batch,
+        group: list[_Bound],
+        files: FileCache,
+        descriptors: ExitStack,
+        tables: dict[int, tuple[Any, ShareTables]],
+    ) -> dict[int, tuple[int, int, int]]:
+        """Plan a decoding group (clips of one video, ``_decoding_groups``) into its compiled
+        decoder's tables: one plan of all their frames, read and decoded once, the first clip
+        holding it and the others following. Returns per clip what it decodes, feeds and reads
+        (the followers nothing)."""
+        lead = group[0]
+        track, decoder = lead.track, lead.decoder
+        if id(decoder) not in tables:
+            from kohakuclip.decode._clips import ShareTables
+
+            tables[id(decoder)] = (decoder, ShareTables(self.mode, self.size, self.yuv_size))
+        share = tables[id(decoder)][1]
+        frames = [batch.items[member.i][1] for member in group]
+        start = thread_time()
+        plan = plan_clip(
+            track, sorted(set().union(*frames)) if len(group) > 1 else frames[0], self.skip
+        )
+        worker.seconds["plan"] += thread_time() - start
+        if track.codec == "jpeg":
             share.gray = (max(share.gray[0], track.height), max(share.gray[1], track.width))
         remote = self._catalog.remote(track.path)
         share.add(
-            i,
+            lead.i,
             -1 if remote is not None else descriptors.enter_context(files.open(track.path)),
-            plan,
-            window,
-            (hflip, vflip),
+            replace(plan, targets=clip_targets(frames[0])),
+            lead.window,
+            lead.flips,
             worker.pixels.matrix(track.colorspace, track.full_range),
             track.prefix,
             track.nal_length_size,
-            row,
+            lead.row,
             remote,
         )
-        return plan.decoded, plan.packets, plan.bytes_read
+        for follower, follower_frames in zip(group[1:], frames[1:]):
+            share.add_follower(
+                follower.i, clip_targets(follower_frames), follower.window, follower.flips
+            )
+        counts = {follower.i: (0, 0, 0) for follower in group[1:]}
+        counts[lead.i] = (plan.decoded, plan.packets, plan.bytes_read)
+        return counts
 
     def _clip_geometry(
         self, batch: Batch, i: int, seed: int, track: VideoTrack
