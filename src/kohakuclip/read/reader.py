@@ -204,6 +204,8 @@ class Reader(ReaderBase[Item, Batch]):
     tar shards, or the mp4 / m4v / mov files, under it): a clip's GOPs are then fetched by
     ranged GETs (concurrent, touching ranges coalesced) before it is decoded; credentials come
     from ``storage_options`` or the standard environment variables (``AWS_ACCESS_KEY_ID`` ...).
+    Clips of one batch that read the same video (several views of it, contrastive pairs) are
+    decoded together: frames and GOPs they share are read and decoded once.
 
     Args:
         sources: shard archives (with or without an index), folder trees of mp4 files, single
