@@ -2,10 +2,10 @@
 src/kohakuclip imports only its own package and what ``ALLOWED`` lists for it, lazy imports
 inside functions included.
 
-Bottom to top: errors, formats, plan_types, imaging, _argtypes, _cpus; codecs; mp4; tracks;
-storage and gulp (peers: each may import only the other's modules listed here); decode; read;
-write, check and the tools; the package root. codecs/, mp4/ and storage/ import no upper layer;
-read/ and decode/ never import write/; decode/ takes its tracks from ``tracks``, never from
+Bottom to top: errors, formats, plan_types, imaging, _argtypes, _cpus, _progress; codecs; mp4;
+tracks; storage and gulp (peers: each may import only the other's modules listed here); decode;
+read; write, check and the tools; the package root. codecs/, mp4/ and storage/ import no upper
+layer; read/ and decode/ never import write/; decode/ takes its tracks from ``tracks``, never from
 storage's catalogs.
 """
 
@@ -19,7 +19,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "kohakuclip"
 ROOT = "__init__"  # the package root, ``kohakuclip/__init__.py`` (it imports every layer)
 
-_BASE = {"errors", "formats", "plan_types", "imaging", "_argtypes", "_cpus"}
+_BASE = {"errors", "formats", "plan_types", "imaging", "_argtypes", "_cpus", "_progress"}
 _STORAGE = _BASE | {"codecs", "mp4", "tracks", "storage"}
 _IO = {"storage.cache", "storage.files", "storage.ranged", "storage.remote"}  # no catalog
 _READ = _STORAGE | {"gulp", "decode", "read"}
@@ -32,6 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "_argtypes": set(),
     "_cpus": set(),
+    "_progress": set(),
     "plan_types": set(),
     "imaging": set(),
     "formats": {"errors"},

@@ -134,6 +134,17 @@ def test_a_signal_stops_an_image_run_without_partial_files(tmp_path, sig) -> Non
     assert len(list(out.glob("shard_*.zip"))) == 30 and leftovers(out) == []
 
 
+def test_a_piped_progress_bar_prints_lines_not_redraws(tmp_path) -> None:
+    write_tar(str(tmp_path / "few.tar"), {f"{i:02d}.jpg": jpeg(i % 4) for i in range(12)})
+    options = [opt for opt in IMAGES if opt != "--no-progress"]
+    command = [sys.executable, "-m", "kohakuclip.write.image_cli", tmp_path / "out"]
+    # bytes, not text: text mode would turn the carriage returns looked for into newlines
+    done = subprocess.run([*command, tmp_path / "few.tar", *options], capture_output=True)
+    assert done.returncode == 0, done.stderr
+    bar = [line for line in done.stderr.split(b"\n") if line.startswith(b"images: ")]
+    assert bar and b"12img" in bar[-1] and b"\r" not in done.stderr
+
+
 @pytest.mark.parametrize("module", ["cli", "image_cli"])
 def test_a_full_disk_names_the_shard_and_leaves_nothing_partial(tmp_path, module) -> None:
     # RLIMIT_FSIZE makes the kernel refuse writes past 40 kB, as a full disk would (EFBIG)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
+from kohakuclip._progress import progress_bar
 from kohakuclip.check.frames import FrameDigests, FrameReader, consecutive, strided
 from kohakuclip.check.problems import Problem, VerifyReport, capped, without_where
 from kohakuclip.check.reference import ReferenceDecode, reference_decode
@@ -285,7 +286,7 @@ def verify(
     given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     paths = [os.fspath(p) for p in given]
     shape = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total} frames [{elapsed}<{remaining}]"
-    with tqdm(total=0, dynamic_ncols=True, bar_format=shape) if progress else _NoBar() as bar:
+    with progress_bar(total=0, bar_format=shape) if progress else _NoBar() as bar:
         verifier = _Verifier(sample, max(1, threads), seed, bar, on_problem)
         for path in paths:
             bar.set_description(os.path.basename(path.rstrip("/")) or path)

@@ -13,8 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from tqdm import tqdm
-
+from kohakuclip._progress import progress_bar
 from kohakuclip.gulp.adapters import AbstractDatasetAdapter, Label2Idx, load_label2idx
 from kohakuclip.gulp.chunk import ChunkBuilder
 from kohakuclip.gulp.frames import JPEG_QUALITY, GulpError
@@ -158,7 +157,7 @@ class GulpIngestor:
         start = next_chunk_number(self.output_folder)
         outputs = [chunk_paths(self.output_folder, start + i) for i in range(len(slices))]
         writer = ChunkWriter(self.adapter, self.quality, existing)
-        bar = tqdm(total=len(slices), unit="chunk", desc="gulp", disable=not self.progress)
+        bar = progress_bar(total=len(slices), unit="chunk", desc="gulp", disable=not self.progress)
         report = IngestReport()
         if self.num_workers <= 1:
             for output, part in zip(outputs, slices, strict=True):

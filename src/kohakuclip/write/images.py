@@ -33,9 +33,9 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from kohakuclip._cpus import usable_cpus
+from kohakuclip._progress import progress_bar
 from kohakuclip.formats import ENCODING_FILE, IMAGE_CODECS, IMAGE_MANIFEST_SCHEMA, INDEX_MEMBER
 from kohakuclip.storage.image_index import encode_image_index, image_records
 from kohakuclip.storage.remote import is_store_failure
@@ -461,7 +461,7 @@ def _encode(
     out = target.folder
     with (
         replacing(os.path.join(out, names.skipped)) as skipped,
-        tqdm(unit="img", disable=not progress, desc="images") as bar,
+        progress_bar(unit="img", disable=not progress, desc="images") as bar,
         contextlib.closing(_in_order(items, settings, workers)) as results,
     ):
         shard: _ShardWriter | None = None

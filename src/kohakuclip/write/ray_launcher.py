@@ -26,9 +26,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
-from tqdm import tqdm
-
 from kohakuclip._argtypes import positive_int
+from kohakuclip._progress import progress_bar
 from kohakuclip.formats import ENCODING_FILE
 from kohakuclip.storage.remote import is_url
 from kohakuclip.write.merge import merge
@@ -226,7 +225,7 @@ def _run_parts(
             task.remote(job, out, sources, Part(i, parts), counter, key) for i in range(parts)
         ]
         results: list[R] = []
-        bar = tqdm(total=total, unit=unit, disable=not progress, dynamic_ncols=True)
+        bar = progress_bar(total=total, unit=unit, disable=not progress)
         try:
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1, timeout=_POLL_SECONDS)

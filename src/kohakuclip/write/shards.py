@@ -34,9 +34,9 @@ from typing import Any, Literal, Protocol
 import av
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from kohakuclip._cpus import usable_cpus
+from kohakuclip._progress import progress_bar
 from kohakuclip.formats import ENCODING_FILE, MANIFEST_FILE, VIDEO_MANIFEST_SCHEMA, VideoEntry
 from kohakuclip.storage.remote import is_store_failure
 from kohakuclip.write._atomic import TEMP_SUFFIX, naming, replacing, write_atomically
@@ -578,7 +578,7 @@ class _Job:
         for origin, reason in unreadable:
             if origin not in finished:
                 run.skip(origin, reason)
-        bar = tqdm(total=len(todo), unit="video", disable=not progress, dynamic_ncols=True)
+        bar = progress_bar(total=len(todo), unit="video", disable=not progress)
         started = time.perf_counter()
         stop = threading.Event()
         try:
