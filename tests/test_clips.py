@@ -132,6 +132,22 @@ def test_broken_samples_name_the_file_and_the_pool_keeps_working(sources: Source
             np.testing.assert_array_equal(reader.read([(1, [2, 3])], seed=1).video, good)
 
 
+def test_a_broken_gop_fails_the_clip_that_needs_it_not_its_group(sources: Sources, tmp_path):
+    folder = tmp_path / "f"
+    shutil.copytree(sources.folder, folder)
+    items = [(0, [0, 1, 2]), (0, [25, 26, 27]), (0, [5, 7, 9])]
+    with Reader(str(folder), size=16, threads=1) as reader:
+        good = reader.read(items, seed=2).video.copy()
+        track = reader._catalog.track(0)
+        with open(track.path, "r+b") as f:  # the keyframe of the last GOP (frames 24-35)
+            f.seek(int(track.offsets[24]))
+            f.write(b"\x7f\xff\xff\xff")
+        out = np.zeros_like(good)
+        with pytest.raises(ClipError, match=r"bframes\.mp4: frames \[25, 26, 27\]: .*NAL unit"):
+            reader.read(items, out, seed=2)
+    np.testing.assert_array_equal(out[[0, 2]], good[[0, 2]])
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_gulp_jpeg_clips_compiled_match_pyav(sources: Sources, mode: str) -> None:
     compiled, workers, pyav = _clip_twins(sources.gulp, mode, yuv_size=96)

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
 
 from kohakuclip import ClipError, Reader
 from kohakuclip.decode import _dav1d
-from kohakuclip.decode._clips import Dav1dClips, ShareTables
+from kohakuclip.decode._clips import Dav1dClips, Follower, ShareTables
 from kohakuclip.decode.pixels import yuv420_frame_bytes
 from kohakuclip.decode.video import ClipDecoder, takes_dav1d
-from kohakuclip.read.plan import plan_clip
+from kohakuclip.read.plan import ClipPlan, plan_clip
 from kohakuclip.write.pack import pack
 from tests.media import VideoSpec, make_video
 
@@ -182,11 +182,79 @@ def test_a_follower_needs_the_crop_size_of_the_clip_it_follows(shards: Shards) -
     with Reader(shards.zip) as reader:
         track = reader._catalog.track(0)
     tables = ShareTables("rgb", 16, 16)
-    with pytest.raises(ValueError, match="needs a clip"):
-        tables.add_follower(0, {1: [0]}, (0, 0, 70, 70), (False, False))
     plan = plan_clip(track, [1, 2], True)
-    tables.add(0, -1, plan, (0, 0, 70, 70), (False, False), np.eye(3, 4, dtype=np.float32))
-    with pytest.raises(ValueError, match="differs in size"):
-        tables.add_follower(1, {1: [0]}, (0, 0, 64, 64), (False, False))
-    with pytest.raises(ValueError, match="differs in size"):
-        tables.add_follower(1, {1: [0]}, (1, 0, 70, 70), (False, False))
+    eye = np.eye(3, 4, dtype=np.float32)
+    for crop in [(0, 0, 64, 64), (1, 0, 70, 70), (0, 1, 70, 70)]:
+        with pytest.raises(ValueError, match="differs in size"):
+            follower = Follower(1, {1: [0]}, crop, (False, False))
+            tables.add(0, -1, plan, (0, 0, 70, 70), (False, False), eye, followers=[follower])
+        assert len(tables) == 0 and tables.gops == [] and tables.targets == []  # nothing added
+    tables.add(
+        0,
+        -1,
+        plan,
+        (0, 0, 70, 70),
+        (False, False),
+        eye,
+        followers=[Follower(1, {1: [0]}, (2, 0, 70, 70), (True, False))],
+    )
+    assert len(tables) == 2 and tables.slots == [0, 1]
+
+
+def _corrupt_last_gop(source: str, target: str, vid: int) -> int:
+    """A copy of ``source`` whose video ``vid`` has its last keyframe turned to noise; returns
+    that keyframe's index."""
+    shutil.copy(source, target)
+    with Reader(target) as probe:
+        track = probe._catalog.track(vid)
+        key = int(track.key_positions[-1])
+        start, length = int(track.offsets[key]), int(track.sizes[key])
+    with open(target, "r+b") as f:
+        f.seek(start)
+        f.write(np.random.default_rng(1).integers(0, 256, length, dtype=np.uint8).tobytes())
+    return key
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_corrupt_gop_fails_the_clip_that_needs_it_not_its_group(
+    shards: Shards, tmp_path, threads: int
+) -> None:
+    bad = str(tmp_path / "bad.zip")
+    key = _corrupt_last_gop(shards.zip, bad, 1)
+    late = [key, key + 1, key + 2]
+    items = [(1, [0, 1, 2]), (1, late), (1, [3, 5, 7])]
+    with Reader(bad, size=16, threads=threads) as reader:
+        out = np.zeros(reader.batch_shape(3, 3), np.uint8)
+        with pytest.raises(ClipError, match=rf"wide.mp4: frames \[{key}, {key + 1}, {key + 2}\]"):
+            reader.read(items, out, seed=3)
+        good = reader.read([items[0], (1, [4, 4, 4]), items[2]], seed=3).video
+    np.testing.assert_array_equal(out[[0, 2]], good[[0, 2]])
+    assert out[0].std() > 1
+
+
+def test_a_group_counts_its_decoding_once_when_its_first_clip_falls_back(
+    shards: Shards, monkeypatch
+) -> None:
+    """The first clip of a group holds the group's plan; when it alone goes to PyAV (here: it
+    wants a frame the plan never decodes), the group's decoding still counts, with the clips
+    it wrote."""
+    items = [(1, [0, 1, 2]), (1, [33, 34, 35])]
+    with Reader(shards.zip, size=16, threads=1) as reader:
+        grouped = reader.read(items, seed=1).video
+        group = reader.stats()["frames_decoded"]
+    with Reader(shards.zip, size=16, threads=1) as reader:
+        reader.read(items[:1], seed=1)
+        first_alone = reader.stats()["frames_decoded"]
+    add = ShareTables.add
+
+    def lead_wants_more(self: ShareTables, slot: int, fd: int, plan: ClipPlan, *args, **kw):
+        targets = dict(plan.targets)
+        targets[47] = targets.pop(next(iter(targets)))  # beyond the plan: MISSING_FRAME
+        return add(self, slot, fd, replace(plan, targets=targets), *args, **kw)
+
+    monkeypatch.setattr(ShareTables, "add", lead_wants_more)
+    with Reader(shards.zip, size=16, threads=1) as reader:
+        fallback = reader.read(items, seed=1).video
+        stats = reader.stats()
+    np.testing.assert_array_equal(fallback, grouped)
+    assert stats["clips"] == 2 and stats["frames_decoded"] == group + first_alone

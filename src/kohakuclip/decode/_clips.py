@@ -14,8 +14,10 @@ Tables (int64):
 - ``clips`` [C, CLIP_FIELDS]: descriptor, GOP and target ranges, batch slot, crop and flips,
   matrix row, prefix range, NAL length size, decoder row, followers: the clips after it (of the
   same video, with a crop window of the same size) that take their pictures from its decoding
-  and read nothing themselves (``ShareTables.add_follower``). Clips of a batch that want frames
-  of the same GOPs (several views of one video, or short videos) decode them once.
+  and read nothing themselves (``ShareTables.add``'s ``followers``). Clips of a batch that want
+  frames of the same GOPs (several views of one video, or short videos) decode them once. When
+  a group's decoding fails, its clips whose frames were all written are done, and the others
+  report ``RETRY_ALONE``: the failure may lie in frames only another clip needs.
 - ``gops`` [G, 5]: file offset, length, first and end packet of each read, and where the read
   starts in ``fetched`` (-1: ``pread`` from the clip's descriptor).
 - ``packets`` [P, 3]: first and end piece, display index (the decoder's timestamp).
@@ -27,9 +29,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import llvmlite.binding as llvm
 import numba
@@ -44,9 +47,11 @@ from kohakuclip.decode._frame import MODES, Scratch, frame_taps, new_scratch, wr
 __all__ = [
     "MISSING_FRAME",
     "OK",
+    "RETRY_ALONE",
     "UNSUPPORTED_FORMAT",
     "AvcodecClips",
     "Dav1dClips",
+    "Follower",
     "ShareTables",
     "describe",
 ]
@@ -69,6 +74,8 @@ UNSUPPORTED_FORMAT = 4  # a picture the compiled pixel stage cannot take: retry 
 WRONG_SIZE = 5  # a picture smaller than the window the crop was planned for
 BAD_SAMPLE = 6  # an H.264 / HEVC sample whose NAL unit lengths run past it
 AVCODEC_ERROR = 7  # as DECODER_ERROR, from libavcodec (detail: its AVERROR)
+RETRY_ALONE = 8  # a decoding group failed before this clip's frames were out (detail: the
+# first missing display index): decode it alone, as the fault may be in frames it never needed
 
 STAGES = ("read", "decode", "pixels")
 
@@ -337,14 +344,20 @@ def _report(
     failing: int,
     status: np.ndarray,
 ) -> None:
-    """The status of clips ``first`` to ``end`` (a decoding group): the group's outcome, or for
-    a group that decoded, MISSING_FRAME for a clip whose frame never came out."""
+    """The status of clips ``first`` to ``end`` (a decoding group). A clip whose frames were
+    all written is OK (the pictures before a failure are those it would decode alone); one with
+    a frame missing gets MISSING_FRAME when the decoding ended well, the failure when the group
+    is that clip alone, and RETRY_ALONE when a group of several failed."""
     for c in range(first, end):
-        clip_code, clip_detail = code, detail
-        if code == OK:
-            missing = _missing(clips, c, targets, written)
-            if missing >= 0:
+        clip_code, clip_detail = OK, 0
+        missing = _missing(clips, c, targets, written)
+        if missing >= 0:
+            if code == OK:
                 clip_code, clip_detail = MISSING_FRAME, missing
+            elif end - first > 1 and code != UNSUPPORTED_FORMAT:
+                clip_code, clip_detail = RETRY_ALONE, missing
+            else:
+                clip_code, clip_detail = code, detail
         status[c, 0], status[c, 1] = clip_code, clip_detail
         status[c, 2] = produced if clip_code == OK else failing
 
@@ -497,6 +510,16 @@ def decode_avcodec(
         c = end
 
 
+class Follower(NamedTuple):
+    """A clip decoded with the clip it follows (``ShareTables.add``): batch ``slot``, its
+    ``targets`` (display index -> output positions), crop window and flips."""
+
+    slot: int
+    targets: dict[int, list[int]]
+    crop: tuple[int, int, int, int]
+    flips: tuple[bool, bool]
+
+
 @dataclass
 class ShareTables:
     """A share's clips as the integer tables the compiled drivers read (module docstring)."""
@@ -521,7 +544,6 @@ class ShareTables:
     _matrix_rows: dict[bytes, int] = field(default_factory=dict)
     _prefix_rows: dict[bytes, tuple[int, int]] = field(default_factory=dict)
     _prefix_bytes: int = 0
-    _leader: int = -1  # the row the next follower joins (``add_follower``)
 
     def __len__(self) -> int:
         return len(self.clips)
@@ -538,12 +560,21 @@ class ShareTables:
         nal_length_size: int = 0,
         decoder: int = 0,
         remote: Any = None,
+        followers: Sequence[Follower] = (),
     ) -> None:
         """Append one planned clip (``plan``: a ``plan_types.ClipPlan``) bound for batch
         ``slot``; ``crop`` in the decoded picture's pixels; ``decoder``: the row of the
         driver's decoder table that takes it. ``remote``: the clip's object in object storage
         (a ``storage.remote.RemoteObject``; ``fd`` is then ignored): its ranges are read by
-        ``fetch``."""
+        ``fetch``. ``followers``: clips that read nothing and take their frames from this
+        clip's decoding (``plan`` must cover theirs: a plan of all their frames); each crop
+        must have ``crop``'s width, height and parity of x and y (the resize weights are
+        computed once for the group). Raises ``ValueError``, adding nothing, when one has not.
+        """
+        for follower in followers:
+            other = follower.crop
+            if other[2:] != crop[2:] or other[0] % 2 != crop[0] % 2 or other[1] % 2 != crop[1] % 2:
+                raise ValueError(f"a follower's crop {other} differs in size from {crop}")
         fd = -1 if remote is not None else fd
         row = [0] * CLIP_FIELDS
         row[FD], row[SLOT] = fd, slot
@@ -562,39 +593,19 @@ class ShareTables:
             self.gops.append([gop.offset, gop.length, first_packet, len(self.packets), -1])
             self.longest_read = max(self.longest_read, gop.length + len(prefix))
         row[GOP_END] = len(self.gops)
-        self._leader = len(self.clips)
+        row[FOLLOWERS] = len(followers)
         self._add_row(row, slot, plan.targets, crop)
-
-    def add_follower(
-        self,
-        slot: int,
-        targets: dict[int, list[int]],
-        crop: tuple[int, int, int, int],
-        flips: tuple[bool, bool],
-    ) -> None:
-        """Append a clip that reads nothing: its frames (``targets``: display index -> output
-        positions) come from the decoding of the clip added last, whose plan must cover them
-        (a plan of both clips' frames). ``crop`` must have that clip's width, height and
-        parity of x and y: the resize weights are computed once for both."""
-        if self._leader < 0:
-            raise ValueError("a follower needs a clip added before it")
-        first = self.clips[self._leader]
-        same_size = (
-            crop[2:] == tuple(first[CROP + 2 : CROP + 4])
-            and crop[0] % 2 == first[CROP] % 2
-            and crop[1] % 2 == first[CROP + 1] % 2
-        )
-        if not same_size:
-            raise ValueError(
-                f"a follower's crop {crop} differs in size from {first[CROP : CROP + 4]}"
-            )
-        row = list(first)
-        row[SLOT] = slot
-        row[CROP : CROP + 6] = [*crop, int(flips[0]), int(flips[1])]
-        row[GOP_FIRST] = row[GOP_END] = len(self.gops)
-        row[FOLLOWERS] = 0
-        first[FOLLOWERS] += 1
-        self._add_row(row, slot, targets, crop)
+        for follower in followers:
+            joined = list(row)
+            joined[SLOT] = follower.slot
+            joined[CROP : CROP + 6] = [
+                *follower.crop,
+                int(follower.flips[0]),
+                int(follower.flips[1]),
+            ]
+            joined[GOP_FIRST] = joined[GOP_END] = len(self.gops)
+            joined[FOLLOWERS] = 0
+            self._add_row(joined, follower.slot, follower.targets, follower.crop)
 
     def _add_row(
         self,

@@ -114,6 +114,10 @@ class _Bound:
     flips: tuple[bool, bool]
 
 
+_ALONE = "alone"
+"""``_decode_groups``' outcome for a clip to decode again alone (its group failed)."""
+
+
 def _decoding_groups(clips: list[_Bound]) -> list[list[_Bound]]:
     """Clips decoded together: those of one video, decoder row and crop window size (and
     parity: the resize weights are shared), in order of first appearance. Each group's frames
@@ -130,7 +134,10 @@ def _shares_by_video(vids: list[int], threads: int) -> list[list[int]]:
     """Item positions per thread, the items of one video together where the balance allows
     (so their GOPs are decoded once): a video's items in runs of at most ceil(n / threads),
     largest first, each to the thread holding the fewest items, cut where it would make that
-    thread hold more than ceil(n / threads) (so no thread holds more than with an even split)."""
+    thread hold more than ceil(n / threads) (so no thread holds more than with an even split).
+    The balance is in clips, not decoding: a thread holding several clips of one video decodes
+    less than one holding as many videos (the shares cannot know what clips share before
+    they are planned)."""
     n = len(vids)
     count = min(threads, n)
     most = -(-n // count)
@@ -457,7 +464,8 @@ class Reader(ReaderBase[Item, Batch]):
         fail to plan are left to the decode thread (which reports them)."""
         wanted = []
         by_video: dict[int, set[int]] = {}
-        for vid, frames in items:  # grouped as the decode thread groups them
+        for vid, frames in items:  # by video: the decode thread's groups split no further here
+            # (clips of a video share its crop size; a gulp video's frames are read one by one)
             try:
                 check_frames(self._catalog.track(vid), frames)
             except Exception:
@@ -488,53 +496,78 @@ class Reader(ReaderBase[Item, Batch]):
         error is raised once the others are written."""
 
         def run(worker: _Worker) -> None:
-            from kohakuclip.decode import _clips  # numba loads with the first batch
-
             errors: dict[int, BaseException] = {}
             later: list[int] = []
-            counts: dict[
-                int, tuple[int, int, int]
-            ] = {}  # per planned clip: decoded, packets, bytes
             fetched = self._prefetched(ahead)  # first: its tracks are then resolved
             with ExitStack() as descriptors:
-                tables: dict[int, tuple[Any, ShareTables]] = {}
-                bound: list[_Bound] = []
+                bound: dict[int, _Bound] = {}
                 for i in share:
                     try:
                         one = self._bind_clip(worker, batch, i, seed)
                         if one is None:
                             later.append(i)
                         else:
-                            bound.append(one)
+                            bound[i] = one
                     except Exception as e:
                         errors[i] = e
-                for group in _decoding_groups(bound):
-                    try:
-                        counts.update(
-                            self._add_group(worker, batch, group, files, descriptors, tables)
-                        )
-                    except Exception as e:
-                        errors.update((member.i, e) for member in group)
-                video = batch.video.reshape(*batch.video.shape[:2], -1)
-                for decoder, share_tables in tables.values():
-                    try:
-                        share_tables.fetch(fetched)
-                    except ObjectStoreError as e:
-                        for i in share_tables.slots:
-                            errors[i] = e
-                        continue
-                    status = decoder.run(share_tables, video)
-                    for i, (code, detail, at) in zip(share_tables.slots, status.tolist()):
-                        if code == _clips.OK:
-                            self._count(len(batch.items[i][1]), *counts[i])
-                        elif code in (_clips.UNSUPPORTED_FORMAT, _clips.MISSING_FRAME):
+                groups = _decoding_groups(list(bound.values()))
+                while groups:  # a second round at most: clips of failed groups, each alone
+                    alone = self._decode_groups(worker, batch, groups, files, descriptors, fetched)
+                    for i, outcome in alone.items():
+                        if outcome is None:
                             later.append(i)  # PyAV, from earlier keyframes if need be
-                        elif code != _clips.OK:
-                            errors[i] = ClipError(_clips.describe(code, detail, at))
+                        elif isinstance(outcome, BaseException):
+                            errors[i] = outcome
+                    groups = [[bound[i]] for i, outcome in alone.items() if outcome == _ALONE]
             read_one = partial(self._read_clip, worker, batch, seed=seed, files=files)
             self._finish_share(batch, later, read_one, errors)
 
         return run
+
+    def _decode_groups(
+        self,
+        worker: _Worker,
+        batch: Batch,
+        groups: list[list[_Bound]],
+        files: FileCache,
+        descriptors: ExitStack,
+        fetched: dict | None,
+    ) -> dict[int, BaseException | str | None]:
+        """Plan decoding groups into their compiled decoders' tables and run them. Returns the
+        clips not done: their error, None for the PyAV path, or ``_ALONE`` for a clip of a group
+        that failed (or could not be planned together) before its frames were out."""
+        from kohakuclip.decode import _clips  # numba loads with the first batch
+
+        outcome: dict[int, BaseException | str | None] = {}
+        tables: dict[int, tuple[Any, ShareTables]] = {}
+        work: dict[int, tuple[int, int, int]] = {}  # per group leader: decoded, packets, bytes
+        leader: dict[int, int] = {}
+        for group in groups:
+            try:
+                work[group[0].i] = self._add_group(worker, batch, group, files, descriptors, tables)
+                leader.update((member.i, group[0].i) for member in group)
+            except Exception as e:
+                for member in group:
+                    outcome[member.i] = e if len(group) == 1 else _ALONE
+        video = batch.video.reshape(*batch.video.shape[:2], -1)
+        for decoder, share_tables in tables.values():
+            try:
+                share_tables.fetch(fetched)
+            except ObjectStoreError as e:
+                outcome.update((i, e) for i in share_tables.slots)
+                continue
+            status = decoder.run(share_tables, video)
+            for i, (code, detail, at) in zip(share_tables.slots, status.tolist()):
+                if code == _clips.OK:
+                    # a group's reads and decoding count once, with the first clip done
+                    self._count(len(batch.items[i][1]), *work.pop(leader[i], (0, 0, 0)))
+                elif code in (_clips.UNSUPPORTED_FORMAT, _clips.MISSING_FRAME):
+                    outcome[i] = None
+                elif code == _clips.RETRY_ALONE:
+                    outcome[i] = _ALONE
+                else:
+                    outcome[i] = ClipError(_clips.describe(code, detail, at))
+        return outcome
 
     def _item_error(self, batch: Batch, i: int, error: BaseException) -> Exception:
         vid, frames = batch.items[i]
@@ -570,16 +603,15 @@ class Reader(ReaderBase[Item, Batch]):
         files: FileCache,
         descriptors: ExitStack,
         tables: dict[int, tuple[Any, ShareTables]],
-    ) -> dict[int, tuple[int, int, int]]:
+    ) -> tuple[int, int, int]:
         """Plan a decoding group (clips of one video, ``_decoding_groups``) into its compiled
         decoder's tables: one plan of all their frames, read and decoded once, the first clip
-        holding it and the others following. Returns per clip what it decodes, feeds and reads
-        (the followers nothing)."""
+        holding it and the others following. Returns what the group decodes, feeds and reads."""
+        from kohakuclip.decode._clips import Follower, ShareTables
+
         lead = group[0]
         track, decoder = lead.track, lead.decoder
         if id(decoder) not in tables:
-            from kohakuclip.decode._clips import ShareTables
-
             tables[id(decoder)] = (decoder, ShareTables(self.mode, self.size, self.yuv_size))
         share = tables[id(decoder)][1]
         frames = [batch.items[member.i][1] for member in group]
@@ -602,14 +634,12 @@ class Reader(ReaderBase[Item, Batch]):
             track.nal_length_size,
             lead.row,
             remote,
+            [
+                Follower(member.i, clip_targets(member_frames), member.window, member.flips)
+                for member, member_frames in zip(group[1:], frames[1:])
+            ],
         )
-        for follower, follower_frames in zip(group[1:], frames[1:]):
-            share.add_follower(
-                follower.i, clip_targets(follower_frames), follower.window, follower.flips
-            )
-        counts = {follower.i: (0, 0, 0) for follower in group[1:]}
-        counts[lead.i] = (plan.decoded, plan.packets, plan.bytes_read)
-        return counts
+        return plan.decoded, plan.packets, plan.bytes_read
 
     def _clip_geometry(
         self, batch: Batch, i: int, seed: int, track: VideoTrack
