@@ -512,13 +512,13 @@ class Reader(ReaderBase[Item, Batch]):
                         errors[i] = e
                 groups = _decoding_groups(list(bound.values()))
                 while groups:  # a second round at most: clips of failed groups, each alone
-                    alone = self._decode_groups(worker, batch, groups, files, descriptors, fetched)
-                    for i, outcome in alone.items():
+                    undone = self._decode_groups(worker, batch, groups, files, descriptors, fetched)
+                    for i, outcome in undone.items():
                         if outcome is None:
                             later.append(i)  # PyAV, from earlier keyframes if need be
                         elif isinstance(outcome, BaseException):
                             errors[i] = outcome
-                    groups = [[bound[i]] for i, outcome in alone.items() if outcome == _ALONE]
+                    groups = [[bound[i]] for i, outcome in undone.items() if outcome == _ALONE]
             read_one = partial(self._read_clip, worker, batch, seed=seed, files=files)
             self._finish_share(batch, later, read_one, errors)
 
