@@ -17,6 +17,7 @@ from kohakuclip.decode.image import dct_denominator
 from kohakuclip.decode.pixels import Crop
 from kohakuclip.read.image_reader import ImageInfo, ImageReader, ImageReadError
 from kohakuclip.read.reader import VideoInfo
+from kohakuclip.storage.image_index import map_image_index
 from kohakuclip.storage.image_listing import ImageSourceError
 from tests.image_media import encode, photo, psnr, write_tar, write_zip
 from tests.media import broken_gulp_copy
@@ -570,3 +571,31 @@ def test_stats_count_images_bytes_and_stage_time_on_both_paths(shard):
         assert stats["seconds_decode"] > 0 and stats["seconds_read"] >= 0
         assert ("seconds_pixels" in stats) == compiled
     assert counted[True] == counted[False] == (len(items), sum(stored[i] for i in items))
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("offset", 1 << 62, "damaged index: offset 4611686018427387904"),
+        ("size", 0xFFFFFFF0, "damaged index: offset .* runs past the images"),
+        ("width", 99936417, "damaged index: a JPEG of 99936417x"),
+    ],
+)
+def test_a_damaged_index_record_is_a_clear_error(shard, tmp_path, field, value, match) -> None:
+    """Found by tests/test_mutated_shards.py: a record pointing past the images failed with an
+    OverflowError, and a width of ~10^8 made the reader allocate a 258 GiB gray plane."""
+    bad = tmp_path / "bad.zip"
+    shutil.copy(shard, bad)
+    data = bytearray(bad.read_bytes())
+    table = map_image_index(str(bad))
+    assert table is not None
+    record = table[3].copy()
+    at = data.find(record.tobytes())
+    del table
+    record[field] = value
+    data[at : at + record.itemsize] = record.tobytes()
+    bad.write_bytes(bytes(data))
+    with ImageReader(str(bad), size=32, threads=2) as reader:
+        with pytest.raises((ImageReadError, ImageSourceError), match=match):
+            reader.read([0, 3, 5])
+        assert reader.read([0, 5, 6]).image.std() > 5

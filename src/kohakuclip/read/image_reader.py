@@ -84,6 +84,8 @@ class ImageBatch:
 
 
 _JPEG_MATRIX = yuv_to_rgb_matrix("bt601", True)  # JFIF
+_JPEG_MAX_SIDE = 65535  # a JPEG frame header's 16-bit width and height
+_GRAY_PLANE_SIDE = 8192  # gray JPEGs larger than this (after the DCT shrink) take the PyAV path
 
 
 def _picture_plan(offset: int, size: int) -> ClipPlan:
@@ -396,6 +398,8 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         stored = loc.size > 0 and not loc.compressed and loc.width > 0
         if not (self._compiled and loc.codec == "jpeg" and stored and avcodec_found()):
             raise _NotCompiled
+        if loc.width > _JPEG_MAX_SIDE or loc.height > _JPEG_MAX_SIDE:
+            raise ImageReadError(f"damaged index: a JPEG of {loc.width}x{loc.height} pixels")
         crop, hflip, vflip = self._geometry(batch, i, seed, loc.width, loc.height)
         if self.mode == "yuv" and (crop.w > self.yuv_size or crop.h > self.yuv_size):
             raise ValueError(
@@ -421,7 +425,9 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             decoder=d.bit_length() - 1,
             remote=loc.remote,
         )
-        shrunk = (-(-loc.height // d), -(-loc.width // d))
+        # the 128-filled chroma plane of gray pictures, sized from the index but bounded: a
+        # damaged index must not allocate gigabytes (a larger gray picture takes the PyAV path)
+        shrunk = [min(-(-side // d), _GRAY_PLANE_SIDE) for side in (loc.height, loc.width)]
         tables.gray = (max(tables.gray[0], shrunk[0]), max(tables.gray[1], shrunk[1]))
         return tables, loc.size
 

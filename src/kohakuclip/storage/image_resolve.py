@@ -66,11 +66,17 @@ def resolve_image(objects: Objects, src: ImageSource, k: int) -> ImageLocation:
         where = f"{src.path}:#{k}"
         if codec_id >= len(IMAGE_CODECS):
             raise ImageSourceError(f"{where}: unknown codec id {codec_id} in the index")
+        offset, size = int(rec["offset"]), int(rec["size"])
+        assert src.index_member is not None
+        if offset + size > src.index_member.offset:  # images are stored before the index
+            raise ImageSourceError(
+                f"{where}: damaged index: offset {offset}, size {size} runs past the images"
+            )
         return ImageLocation(
             where,
             src.path,
-            int(rec["offset"]),
-            int(rec["size"]),
+            offset,
+            size,
             False,
             IMAGE_CODECS[codec_id],
             int(rec["width"]),

@@ -78,6 +78,8 @@ def _central_directory(fd: RangedFile, path: str) -> tuple[bytes, int]:
     eocd_abs = file_size - tail_size + pos
     if count == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
         loc_abs = eocd_abs - _ZIP64_LOCATOR.size
+        if loc_abs < 0:
+            raise ArchiveError(f"{path}: zip64 locator missing")
         loc = _read_at(fd, loc_abs, _ZIP64_LOCATOR.size, path)
         sig, _, eocd64_abs, _ = _ZIP64_LOCATOR.unpack(loc)
         if sig != b"PK\x06\x07":
@@ -97,7 +99,7 @@ def _zip64_extra(extra: bytes, size: int, offset: int) -> tuple[int, int]:
         tag, length = struct.unpack_from("<HH", extra, pos)
         if tag == 1:
             fields = extra[pos + 4 : pos + 4 + length]
-            vals = list(struct.unpack_from(f"<{length // 8}Q", fields))
+            vals = list(struct.unpack_from(f"<{len(fields) // 8}Q", fields))
             if size == 0xFFFFFFFF and vals:
                 vals.pop(0)  # uncompressed size
             if size == 0xFFFFFFFF and vals:
@@ -113,7 +115,7 @@ def _entries(cd: bytes, count: int, path: str) -> Iterator[tuple[str, int, int, 
     """Yield (name, method, compressed size, local header offset) per central entry."""
     pos = 0
     for _ in range(count):
-        if cd[pos : pos + 4] != b"PK\x01\x02":
+        if cd[pos : pos + 4] != b"PK\x01\x02" or pos + _CENTRAL.size > len(cd):
             raise ArchiveError(f"{path}: corrupt zip central directory")
         f = _CENTRAL.unpack_from(cd, pos)
         method, csize, name_len, extra_len, comment_len, local = (

@@ -1,0 +1,185 @@
+"""Fuzzing: shards with random bytes changed in their samples, their index and their zip directory.
+
+Every mutated shard (video: AV1, H.264, HEVC members; image: JPEG members) is opened and read in
+a child process, video batches holding several clips of one video so that decoding groups are
+fuzzed too: a crash in compiled code (libdav1d, libavcodec, the numba drivers) would kill it, a
+hang would run it past its time, any exception but a ``KohakuClipError`` (the errors about the
+data) would end it with a traceback. The intact shard must still read afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from kohakuclip.write.images import write_images
+from kohakuclip.write.pack import pack
+from tests.image_media import photo
+from tests.media import VideoSpec, make_video
+
+VIDEOS = {
+    "av1.mp4": VideoSpec(codec="av1", width=96, height=64, frames=40, blur=1.5),
+    "h264.mp4": VideoSpec(codec="h264", width=96, height=64, frames=40, seed=1, blur=1.5),
+    "hevc.mp4": VideoSpec(codec="hevc", width=96, height=64, frames=30, seed=2, blur=1.5),
+}
+REGIONS = ("samples", "index", "directory")
+MUTATIONS = 100  # per region
+SECONDS = 300  # for the whole child run: a hang shows as running past it
+
+
+@dataclass(frozen=True)
+class Regions:
+    """Byte ranges of a zip shard: its mp4 members' data, its index member, its directory."""
+
+    samples: list[tuple[int, int]]
+    index: tuple[int, int]
+    directory: tuple[int, int]
+
+
+def _regions(path: str) -> Regions:
+    size = os.path.getsize(path)
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as f:
+        spans = {}
+        for info in archive.infolist():
+            f.seek(info.header_offset + 26)
+            name_len, extra_len = np.frombuffer(f.read(4), "<u2").tolist()
+            start = info.header_offset + 30 + name_len + extra_len
+            spans[info.filename] = (start, start + info.compress_size)
+        directory = archive.start_dir
+    index = spans.pop("__index__.bin")
+    return Regions(list(spans.values()), index, (directory, size))
+
+
+def mutate(data: bytes, regions: Regions, region: str, rng: np.random.Generator) -> bytes:
+    """``data`` with 1-8 random bytes (or, a quarter of the time, a run of up to 64) changed
+    inside ``region``."""
+    if region == "samples":
+        start, end = regions.samples[int(rng.integers(len(regions.samples)))]
+    else:
+        start, end = getattr(regions, region)
+    out = bytearray(data)
+    if rng.random() < 0.25:
+        at = int(rng.integers(start, end))
+        run = rng.integers(0, 256, min(int(rng.integers(1, 65)), end - at), dtype=np.uint8)
+        out[at : at + len(run)] = run.tobytes()
+    else:
+        for at in rng.integers(start, end, int(rng.integers(1, 9))).tolist():
+            out[at] = int(rng.integers(0, 256))
+    return bytes(out)
+
+
+def _read_video(path: str, rng: np.random.Generator) -> None:
+    import kohakuclip
+
+    with kohakuclip.Reader(path, size=24, threads=2) as reader:
+        for _ in range(2):
+            items = []
+            for vid in rng.integers(0, len(reader), 6).tolist():
+                frames = np.sort(rng.integers(0, reader.info(vid).n, 4)).tolist()
+                items.append((vid, frames))
+            reader.read(items, seed=1)
+
+
+def _read_images(path: str, rng: np.random.Generator) -> None:
+    import kohakuclip
+
+    with kohakuclip.ImageReader(path, size=24, threads=2) as reader:
+        for _ in range(2):
+            reader.read(rng.integers(0, len(reader), 8).tolist(), seed=1)
+
+
+def child(shard: str, work: str, seed: int) -> None:
+    """Read every mutation of ``shard``; print one JSON line of outcomes (run in a child)."""
+    import kohakuclip
+
+    read = _read_images if "image" in os.path.basename(shard) else _read_video
+
+    data = open(shard, "rb").read()
+    regions = _regions(shard)
+    rng = np.random.default_rng(seed)
+    outcomes: Counter[str] = Counter()
+    path = os.path.join(work, "mutated.zip")
+    for region in REGIONS:
+        for _ in range(MUTATIONS):
+            with open(path, "wb") as f:
+                f.write(mutate(data, regions, region, rng))
+            try:
+                read(path, rng)
+                outcomes[f"{region}: read"] += 1
+            except kohakuclip.KohakuClipError as e:
+                outcomes[f"{region}: {type(e).__name__}"] += 1
+    read(shard, rng)  # the intact shard still reads
+    print(json.dumps(outcomes))
+
+
+@pytest.fixture(scope="module", params=["video", "image"])
+def shard(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp(f"fuzz_{request.param}")
+    if request.param == "video":
+        path = str(root / "video_shard.zip")
+        pack(path, [(name, make_video(spec)) for name, spec in VIDEOS.items()])
+        return path
+    photos = root / "photos"
+    photos.mkdir()
+    for i, subsampling in enumerate([2, 1, 0, 2]):  # 4:2:0, 4:2:2, 4:4:4
+        image = Image.fromarray(photo(60 + 8 * i, 90 - 6 * i, seed=i))
+        image.save(photos / f"{i}.jpg", quality=90, subsampling=subsampling)
+    write_images(root / "out", [photos], max_short=64, min_short=0, progress=False)
+    os.rename(root / "out" / "shard_00000.zip", root / "image_shard.zip")
+    return str(root / "image_shard.zip")
+
+
+def test_mutate_changes_bytes_only_inside_the_region(shard: str) -> None:
+    data = open(shard, "rb").read()
+    regions = _regions(shard)
+    rng = np.random.default_rng(0)
+    for region in REGIONS:
+        spans = regions.samples if region == "samples" else [getattr(regions, region)]
+        for _ in range(20):
+            changed = np.flatnonzero(
+                np.frombuffer(mutate(data, regions, region, rng), np.uint8)
+                != np.frombuffer(data, np.uint8)
+            )
+            assert all(any(a <= at < b for a, b in spans) for at in changed.tolist())
+
+
+def test_a_directory_cut_inside_an_entry_is_a_clear_error(shard: str, tmp_path) -> None:
+    """Found by the fuzzing below: a directory size too small by less than an entry left the
+    last entry's fields short (a ``struct.error`` from the zip reader)."""
+    import kohakuclip
+
+    data = bytearray(open(shard, "rb").read())
+    eocd = data.rfind(b"PK\x05\x06")
+    size = int.from_bytes(data[eocd + 12 : eocd + 16], "little")
+    data[eocd + 12 : eocd + 16] = (size - 20).to_bytes(4, "little")
+    bad = tmp_path / os.path.basename(shard)
+    bad.write_bytes(bytes(data))
+    opener = kohakuclip.ImageReader if "image" in bad.name else kohakuclip.Reader
+    with pytest.raises(kohakuclip.KohakuClipError, match="corrupt zip central directory"):
+        opener(str(bad))
+
+
+def test_mutated_shards_raise_clear_errors_and_never_crash_or_hang(shard: str, tmp_path) -> None:
+    code = "import sys; from tests.test_mutated_shards import child; child(*sys.argv[1:3], 7)"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, "-c", code, shard, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=SECONDS,
+        cwd=root,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]  # a signal (crash) or an unexpected error
+    outcomes = json.loads(done.stdout.strip().splitlines()[-1])
+    for region in REGIONS:  # every mutation was read; some of each region failed, cleanly
+        assert sum(n for k, n in outcomes.items() if k.startswith(region)) == MUTATIONS
+        assert any(k.startswith(region) and not k.endswith(": read") for k in outcomes), outcomes
