@@ -258,3 +258,26 @@ def test_a_group_counts_its_decoding_once_when_its_first_clip_falls_back(
         stats = reader.stats()
     np.testing.assert_array_equal(fallback, grouped)
     assert stats["clips"] == 2 and stats["frames_decoded"] == group + first_alone
+
+
+def test_a_group_that_cannot_be_planned_together_is_decoded_clip_by_clip(
+    shards: Shards, monkeypatch
+) -> None:
+    import kohakuclip.read.reader as reader_module
+
+    plan = reader_module.plan_clip
+
+    def refuses_frame_40(track, frames, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if 40 in frames:
+            raise ValueError("frame 40 cannot be planned")
+        return plan(track, frames, *args, **kwargs)
+
+    items = [(1, [0, 1, 2]), (1, [38, 39, 40]), (1, [3, 5, 7])]
+    with Reader(shards.zip, size=16, threads=1) as reader:
+        good = reader.read([items[0], (1, [4, 4, 4]), items[2]], seed=3).video
+    monkeypatch.setattr(reader_module, "plan_clip", refuses_frame_40)
+    with Reader(shards.zip, size=16, threads=1) as reader:
+        out = np.zeros(reader.batch_shape(3, 3), np.uint8)
+        with pytest.raises(ClipError, match=r"frames \[38, 39, 40\]: frame 40 cannot be planned"):
+            reader.read(items, out, seed=3)
+    np.testing.assert_array_equal(out[[0, 2]], good[[0, 2]])
