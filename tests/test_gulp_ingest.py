@@ -15,6 +15,7 @@ from PIL import Image
 from kohakuclip.gulp import (
     LABEL2IDX_FILE,
     AbstractDatasetAdapter,
+    ChunkWriter,
     GulpDirectory,
     GulpError,
     GulpIngestor,
@@ -501,3 +502,126 @@ def test_alias_commands_use_their_own_name(tmp_path):
     failed = run(missing)
     assert failed.returncode == 1
     assert failed.stderr == f"kohakuclip-gulp-sanity-check: error: {missing}: not a directory\n"
+
+
+class RepeatingAdapter(AbstractDatasetAdapter):
+    """Ids a0..a4, then a1 and a3 again (other frames): repeats in one slice and across."""
+
+    ids = ("a0", "a1", "a1", "a2", "a3", "a4", "a3")
+
+    def __len__(self):
+        return len(self.ids)
+
+    def iter_data(self, slice_element=None):
+        for k in range(len(self.ids))[slice_element or slice(None)]:
+            frames = [np.full((16, 16, 3), 20 * k, np.uint8)]
+            yield {"id": self.ids[k], "frames": frames, "meta": {"k": k}}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_id_given_twice_is_written_once(tmp_path, workers):
+    """The directory stays readable (readers refuse an id in two chunks) and holds each id's
+    first item, one process or several."""
+    report = GulpIngestor(RepeatingAdapter(), tmp_path, 2, workers, progress=False)()
+    assert sorted(report.repeated) == ["a1", "a3"] and report.written == 5
+    gd = GulpDirectory(tmp_path)
+    assert sorted(gd.merged_meta_dict) == ["a0", "a1", "a2", "a3", "a4"]
+    for id_ in gd.merged_meta_dict:
+        frames, meta = gd[id_]
+        first = RepeatingAdapter.ids.index(id_)
+        assert meta == {"k": first} and len(frames) == 1
+        assert abs(int(frames[0][8, 8, 0]) - 20 * first) <= 2
+    assert check_gulp_directory(str(tmp_path)).ok
+    assert report.chunks == [str(tmp_path / f"data_{i}.gulp") for i in range(3)]
+
+
+class OnlyRepeats(AbstractDatasetAdapter):
+    """A chunk of ids an earlier chunk of the run wrote: the parallel run deletes it."""
+
+    def __len__(self):
+        return 4
+
+    def iter_data(self, slice_element=None):
+        for k in range(4)[slice_element or slice(None)]:
+            yield {"id": f"b{k % 2}", "frames": [np.zeros((8, 8, 3), np.uint8)], "meta": {}}
+
+
+def test_a_parallel_chunk_of_repeats_only_is_removed(tmp_path):
+    report = GulpIngestor(OnlyRepeats(), tmp_path, 2, 2, progress=False)()
+    assert report.written == 2 and report.repeated == ["b0", "b1"]
+    assert sorted(os.listdir(tmp_path)) == ["data_0.gulp", "meta_0.gmeta"]
+
+
+class GulpioStyleAdapter:
+    """An adapter written for GulpIO: no base class of ours, no label map attributes."""
+
+    def __init__(self, output_folder: str, count: int = 3):
+        self.output_folder, self.count = output_folder, count
+
+    def __len__(self):
+        return self.count
+
+    def iter_data(self, slice_element=None):
+        for i in range(self.count)[slice_element or slice(None)]:
+            yield {"id": i, "frames": [np.full((8, 8, 3), 50 * i, np.uint8)], "meta": {"i": i}}
+
+
+def test_adapters_that_do_not_subclass_ours_ingest(tmp_path):
+    report = GulpIngestor(GulpioStyleAdapter(str(tmp_path)), tmp_path, 2, 1, progress=False)()
+    assert report.written == 3 and not (tmp_path / LABEL2IDX_FILE).exists()
+    assert GulpDirectory(tmp_path)["2"][1] == {"i": 2}
+
+
+def test_chunk_writer_takes_gulpio_new_chunks(tmp_path):
+    """GulpIO's pattern: ``ChunkWriter(adapter).write_chunk(gd.new_chunks(1)[0], slice)``."""
+    adapter = GulpioStyleAdapter(str(tmp_path))
+    GulpIngestor(adapter, tmp_path, 1, 1, progress=False)()
+    gd = GulpDirectory(tmp_path)
+    more = SquaresAdapterForWriter()
+    report = ChunkWriter(more).write_chunk(gd.new_chunks(1)[0], slice(0, 2))
+    assert report.written == 2 and report.chunks == [str(tmp_path / "data_3.gulp")]
+    assert sorted(GulpDirectory(tmp_path).merged_meta_dict) == ["0", "1", "2", "s0", "s1"]
+
+
+class SquaresAdapterForWriter(GulpioStyleAdapter):
+    def __init__(self):
+        super().__init__("", 2)
+
+    def iter_data(self, slice_element=None):
+        for item in super().iter_data(slice_element):
+            yield {**item, "id": f"s{item['id']}"}
+
+
+ADAPTER_WITH_INGEST_NAMES = '''
+import numpy as np
+
+
+class Busy:
+    """Takes parameters named as the ingest options, and a float with an int default."""
+
+    def __init__(self, output_folder, num_workers: int = 1, quality=None, frame_rate: float = 8):
+        self.output_folder, self.num_workers = output_folder, num_workers
+        self.frame_rate = frame_rate
+
+    def __len__(self):
+        return 2
+
+    def iter_data(self, slice_element=None):
+        for i in range(2)[slice_element or slice(None)]:
+            meta = {"rate": self.frame_rate, "workers": self.num_workers}
+            yield {"id": i, "frames": [np.zeros((8, 8, 3), np.uint8)], "meta": meta}
+'''
+
+
+def test_adapter_parameters_named_as_ingest_options_are_shared(tmp_path, monkeypatch, capsys):
+    from kohakuclip.gulp.cli import adapter_main
+
+    (tmp_path / "busy_adapter.py").write_text(ADAPTER_WITH_INGEST_NAMES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import busy_adapter
+
+    out = tmp_path / "out"
+    argv = [str(out), "--num_workers", "1", "--frame_rate", "2.5", "--quality", "x", "--quiet"]
+    assert adapter_main(busy_adapter.Busy, argv) == 0
+    assert GulpDirectory(out)["1"][1] == {"rate": 2.5, "workers": 1}
+    assert "2 items in 1 new chunks" in capsys.readouterr().out

@@ -18,7 +18,7 @@ import shlex
 import stat
 import sys
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, ParamSpec
 
 from kohakuclip._argtypes import bounded_int
@@ -56,24 +56,37 @@ def _option(parser: argparse.ArgumentParser, name: str, *aliases: str, **kwargs:
     parser.add_argument(*flags, dest=name, **kwargs)
 
 
-def _ingest_options(parser: argparse.ArgumentParser, per_chunk: str, order: bool = True) -> None:
+def _ingest_options(
+    parser: argparse.ArgumentParser,
+    per_chunk: str,
+    order: bool = True,
+    leave_out: Collection[str] = (),
+) -> None:
     """The ingest options; ``order=False`` leaves out shuffle, seed and strict (an adapter
-    class's own parameters then)."""
+    class's own parameters then), ``leave_out`` those an adapter class already takes."""
     count = bounded_int(1)
-    _option(parser, per_chunk, type=count, default=100, help="items per chunk (default 100)")
-    _option(parser, "num_workers", type=count, default=4, help="processes (default 4)")
-    _option(
-        parser,
-        "quality",
-        type=bounded_int(1, 100),
-        default=JPEG_QUALITY,
-        help="JPEG quality, 1-100 (default 90)",
-    )
+    options: list[tuple[str, dict[str, Any]]] = [
+        (per_chunk, {"type": count, "default": 100, "help": "items per chunk (default 100)"}),
+        ("num_workers", {"type": count, "default": 4, "help": "processes (default 4)"}),
+        (
+            "quality",
+            {
+                "type": bounded_int(1, 100),
+                "default": JPEG_QUALITY,
+                "help": "JPEG quality, 1-100 (default 90)",
+            },
+        ),
+    ]
     if order:
-        _option(parser, "shuffle", action="store_true", help="shuffle the items (seeded) first")
-        _option(parser, "seed", type=int, default=0, help="shuffle seed (default 0)")
-        _option(parser, "strict", action="store_true", help="stop at an unreadable input")
-    _option(parser, "quiet", action="store_true", help="no progress bar")
+        options += [
+            ("shuffle", {"action": "store_true", "help": "shuffle the items (seeded) first"}),
+            ("seed", {"type": int, "default": 0, "help": "shuffle seed (default 0)"}),
+            ("strict", {"action": "store_true", "help": "stop at an unreadable input"}),
+        ]
+    options.append(("quiet", {"action": "store_true", "help": "no progress bar"}))
+    for name, kwargs in options:
+        if name not in leave_out:
+            _option(parser, name, **kwargs)
 
 
 def _prog(name: str | None, argv: Sequence[str] | None) -> str:
@@ -149,6 +162,9 @@ def _ingest(
     print(f"{output}: {report.written} items in {len(report.chunks)} new chunks")
     if report.existing:
         print(f"{len(report.existing)} ids already present, not written again")
+    if report.repeated:
+        shown = ", ".join(report.repeated[:20])
+        print(f"{len(report.repeated)} repeated ids, written once (their first item): {shown}")
     if report.empty:
         print(f"{len(report.empty)} items without frames, skipped: {', '.join(report.empty[:20])}")
     if not report.written and not report.existing:
@@ -271,15 +287,27 @@ def sanity_check_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parameter_type(param: inspect.Parameter) -> Callable[[str], Any]:
-    """int or float when the default or the annotation says so, else str."""
-    if param.default is not inspect.Parameter.empty and param.default is not None:
-        kind = type(param.default)
-        if kind in (int, float):
-            return kind
-    for kind in (int, float):
+    """float or int as the annotation says (``frame_rate: float = 8`` takes 2.5), else as the
+    default's type, else str."""
+    for kind in (float, int):
         if param.annotation is kind or kind in typing.get_args(param.annotation):
             return kind
+    if type(param.default) in (int, float):
+        return type(param.default)
     return str
+
+
+_INGEST_DEFAULTS = {"videos_per_chunk": 100, "num_workers": 4, "quality": JPEG_QUALITY}
+"""The ingest options of an adapter's command line, by name, with their defaults."""
+
+
+def _shared_ingest_value(name: str, value: Any) -> Any:
+    """What the ingestor takes from an option the adapter class also has (one option serves
+    both): the value when it is a count it can use, else the ingest default."""
+    valid = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    if name == "quality":
+        valid = valid and value <= 100
+    return value if valid else _INGEST_DEFAULTS[name]
 
 
 @_command(None)
@@ -291,11 +319,13 @@ def adapter_main(adapter_cls: type, argv: Sequence[str] | None = None) -> int:
         signature = inspect.signature(adapter_cls, eval_str=True)
     except NameError:  # annotations that do not resolve: the defaults' types still work
         signature = inspect.signature(adapter_cls)
+    outputs = ("output_folder", "output_directory")  # given the output directory
     params = [
         p
         for p in signature.parameters.values()
-        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "output_folder"
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in outputs
     ]
+    taken = {p.name for p in params}
     parser = argparse.ArgumentParser(
         prog=_prog(None, argv), description=f"Gulp with {adapter_cls.__name__}."
     )
@@ -307,12 +337,18 @@ def adapter_main(adapter_cls: type, argv: Sequence[str] | None = None) -> int:
         else:
             _option(parser, p.name, type=_parameter_type(p), default=p.default)
     parser.add_argument("output_directory")
-    _ingest_options(parser, "videos_per_chunk", order=False)
+    _ingest_options(parser, "videos_per_chunk", order=False, leave_out=taken)
     args = parser.parse_args(argv)
     kwargs = {p.name: getattr(args, p.name) for p in params}
-    if "output_folder" in signature.parameters:
-        kwargs["output_folder"] = args.output_directory
-    return _ingest(adapter_cls(**kwargs), args.output_directory, args.videos_per_chunk, args)
+    for name in outputs:
+        if name in signature.parameters:
+            kwargs[name] = args.output_directory
+    adapter = adapter_cls(**kwargs)
+    for name in taken & _INGEST_DEFAULTS.keys():
+        setattr(args, name, _shared_ingest_value(name, getattr(args, name)))
+    if "quiet" in taken:
+        args.quiet = args.quiet is True
+    return _ingest(adapter, args.output_directory, args.videos_per_chunk, args)
 
 
 def script_name(class_name: str) -> str:

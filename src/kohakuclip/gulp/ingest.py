@@ -2,7 +2,8 @@
 
 Each chunk is built under temporary names and renamed when complete, so an interrupted run
 never leaves a chunk that looks finished. Chunks are numbered after those already present;
-ids already in the directory are not written again.
+ids already in the directory are not written again, and an id the adapter gives twice is written
+once (its first item), so that every id of the directory names one video.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import Any
 
 from kohakuclip._progress import progress_bar
 from kohakuclip.gulp.adapters import AbstractDatasetAdapter, Label2Idx, load_label2idx
-from kohakuclip.gulp.chunk import ChunkBuilder
+from kohakuclip.gulp.chunk import ChunkBuilder, GulpChunk
 from kohakuclip.gulp.frames import JPEG_QUALITY, GulpError
 from kohakuclip.gulp.meta import (
     ChunkFiles,
     chunk_paths,
+    dump_meta,
     find_chunks,
     load_meta,
     next_chunk_number,
@@ -47,12 +49,14 @@ class IngestReport:
     written: int = 0  # items written
     empty: list[str] = field(default_factory=list)  # ids whose adapter gave no frames
     existing: list[str] = field(default_factory=list)  # ids already in the directory
+    repeated: list[str] = field(default_factory=list)  # ids given again: the first item is kept
 
     def merge(self, other: IngestReport) -> None:
         self.chunks += other.chunks
         self.written += other.written
         self.empty += other.empty
         self.existing += other.existing
+        self.repeated += other.repeated
 
 
 def calculate_chunk_slices(items_per_chunk: int, num_items: int) -> list[slice]:
@@ -72,7 +76,11 @@ def _unpack(item: Any) -> tuple[str, list[Any], dict[str, Any]]:
 
 
 class ChunkWriter:
-    """Writes one slice of an adapter's items as one chunk."""
+    """Writes one slice of an adapter's items as one chunk.
+
+    Ids in ``existing_ids`` are left out, and so are those this writer has already written
+    (in this slice or an earlier one it wrote).
+    """
 
     def __init__(
         self,
@@ -83,15 +91,23 @@ class ChunkWriter:
         self.adapter = adapter
         self.quality = quality
         self.existing_ids = frozenset(existing_ids)
+        self._written: set[str] = set()
 
-    def write_chunk(self, output: ChunkFiles, input_slice: slice) -> IngestReport:
-        """Build the chunk; a slice that yields nothing writable leaves no files."""
+    def write_chunk(self, output: ChunkFiles | GulpChunk, input_slice: slice) -> IngestReport:
+        """Build the chunk (given by its files, or as GulpIO did, as an empty ``GulpChunk`` from
+        ``GulpDirectory.new_chunks``); a slice that yields nothing writable leaves no files."""
+        if isinstance(output, GulpChunk):
+            data_path, meta_path = output.data_file_path, output.meta_file_path
+        else:
+            data_path, meta_path = output.data_path, output.meta_path
         report = IngestReport()
-        with ChunkBuilder(output.data_path, output.meta_path, self.quality) as builder:
+        with ChunkBuilder(data_path, meta_path, self.quality) as builder:
             for item in self.adapter.iter_data(input_slice):
                 id_, frames, meta = _unpack(item)
                 if id_ in self.existing_ids:
                     report.existing.append(id_)
+                elif id_ in self._written or id_ in builder.meta_dict:
+                    report.repeated.append(id_)
                 elif not frames:
                     report.empty.append(id_)
                 else:
@@ -100,8 +116,31 @@ class ChunkWriter:
             if not builder.meta_dict:
                 builder.abort()
                 return report
-        report.chunks.append(output.data_path)
+            self._written.update(builder.meta_dict)
+        report.chunks.append(data_path)
         return report
+
+
+def _drop_repeated(output: ChunkFiles, report: IngestReport, seen: set[str]) -> None:
+    """Remove from a chunk written in parallel the ids an earlier chunk of the run holds (the
+    meta file is rewritten atomically; their frames stay in the data file, unreferenced); a
+    chunk left with none is deleted. ``seen`` gains the chunk's ids."""
+    if not report.chunks:
+        return
+    meta = load_meta(output.meta_path)
+    repeated = [id_ for id_ in meta if id_ in seen]
+    seen.update(meta)
+    if not repeated:
+        return
+    report.repeated += repeated
+    report.written -= len(repeated)
+    kept = {id_: entry for id_, entry in meta.items() if id_ not in repeated}
+    if kept:
+        dump_meta(kept, output.meta_path)
+    else:
+        os.remove(output.meta_path)  # meta first: a data file alone would be an error
+        os.remove(output.data_path)
+        report.chunks.remove(output.data_path)
 
 
 def _extended(old: Label2Idx, new: Label2Idx) -> Label2Idx:
@@ -164,10 +203,14 @@ class GulpIngestor:
                 report.merge(writer.write_chunk(output, part))
                 bar.update()
         else:
+            seen: set[str] = set()
             with ProcessPoolExecutor(
                 self.num_workers, initializer=_init_worker, initargs=(writer,)
             ) as pool:
-                for part_report in pool.map(_write_in_worker, outputs, slices):
+                for output, part_report in zip(
+                    outputs, pool.map(_write_in_worker, outputs, slices), strict=True
+                ):
+                    _drop_repeated(output, part_report, seen)
                     report.merge(part_report)
                     bar.update()
         bar.close()
@@ -183,12 +226,13 @@ class GulpIngestor:
         and the adapter takes the result so that its items' ``idx`` agree with the file. A map
         given to the adapter must agree with the folder's; GulpError otherwise.
         """
-        new = self.adapter.label2idx
+        # getattr: an adapter written for GulpIO (not subclassing ours) may have neither
+        new = getattr(self.adapter, "label2idx", None)
         path = os.path.join(self.output_folder, LABEL2IDX_FILE)
         if new is None or not os.path.exists(path):
             return new
         old = load_label2idx(path)
-        if self.adapter.label2idx_derived:
+        if getattr(self.adapter, "label2idx_derived", False):
             self.adapter.label2idx = _extended(old, new)
             return self.adapter.label2idx
         merged = {**old, **new}
