@@ -1,6 +1,6 @@
 """Decode throughput beside a training thread that keeps the GIL busy, ours and KohakuClip 1.0.0.
 
-    python benchmarks/busy_trainer.py [--quick] [--only av1,h264_g16,h264_g250,hevc,jpeg]
+    python benchmarks/busy_trainer.py [--quick] [--only av1,h264_g16,h264_g250,hevc,jpeg,jpeg_tar]
         [--threads 1 2] [--reference "$(../shared/tools/reference-kohakuclip.sh)"]
 
 A training loop in the same process as the decode threads runs Python most of the time (an
@@ -20,7 +20,7 @@ Sources (built once into ``--media``, default /tmp/kc-busy-media, from the real 
 GOP 16 closed, and x264's default keyint 250), an HEVC folder (libx265, its default keyint 250),
 AV1 shards written by ``kohakuclip-write`` from the same frames, and JPEG image shards written
 by ``kohakuclip-write-images`` from real photographs (Debian's Plasma wallpapers) and frames
-of the footage.
+of the footage; ``jpeg_tar`` is the same JPEGs in a plain (WebDataset-style) tar, no index.
 
 Video: 16 clips x 8 frames @ 6 fps per batch, size 256; images: batches of 64, size 256. Each
 reader runs in its own process (the reference under its own Python) with one batch queued
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import io
 import json
 import os
 import platform
@@ -49,7 +50,7 @@ sys.path.insert(0, HERE)
 import _gil_count  # noqa: E402
 
 MEDIA_VERSION = 1
-CONTENTS = ("av1", "h264_g16", "h264_g250", "hevc", "jpeg")
+CONTENTS = ("av1", "h264_g16", "h264_g250", "hevc", "jpeg", "jpeg_tar")
 MODES = {"idle": 0.0, "100 %": 1.0, "50 %": 0.5}
 
 # (file under /tmp/kc-real, start second): camera pans over photos, animated film, broadcast TV
@@ -324,6 +325,27 @@ def build_media(media: str, real: str, seconds: float, python: str) -> dict[str,
     return manifest
 
 
+def plain_tar(media: str, shards: list[str]) -> list[str]:
+    """The JPEG shards' images as one plain tar (``<key>.jpg`` members, no index), made once."""
+    import tarfile
+    import zipfile
+
+    path = os.path.join(media, "jpeg_tar", "images.tar")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with tarfile.open(path + ".tmp", "w") as tar:
+            for shard in shards:
+                with zipfile.ZipFile(shard) as z:
+                    for name in z.namelist():
+                        if name.endswith(".jpg"):
+                            info = tarfile.TarInfo(name)
+                            data = z.read(name)
+                            info.size = len(data)
+                            tar.addfile(info, io.BytesIO(data))
+        os.replace(path + ".tmp", path)
+    return [path]
+
+
 # -- running ----------------------------------------------------------------------------------
 def clean_env() -> dict[str, str]:
     """This environment without PYTHONPATH: the reference must not import our source tree."""
@@ -401,7 +423,7 @@ def _takes(res: dict) -> str:
 
 
 def table_row(content: str, who: str, threads: int, res: dict) -> str:
-    unit = "images" if content == "jpeg" else "clips"
+    unit = "images" if content.startswith("jpeg") else "clips"
     if "error" in res:
         return f"| {content} | {who} | {threads} | error: {res['error']} |" + " |" * 8
     idle = res["idle"]["per_s"]
@@ -501,12 +523,16 @@ def main() -> None:
     )
     print("| --- " * 11 + "|", flush=True)
     for content in only:
-        kind = "image" if content == "jpeg" else "video"
+        kind = "image" if content.startswith("jpeg") else "video"
+        if content == "jpeg_tar":
+            sources = plain_tar(args.media, manifest["sources"]["jpeg"])
+        else:
+            sources = manifest["sources"][content]
         for threads in args.threads:
             spec = {
                 "bench_dir": HERE,
                 "kind": kind,
-                "sources": manifest["sources"][content],
+                "sources": sources,
                 "threads": threads,
                 "size": 256,
                 "clips": 16,

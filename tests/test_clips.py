@@ -293,3 +293,46 @@ def test_a_share_takes_the_gil_a_few_times_not_per_clip(sources: Sources, tmp_pa
     shares = 4 * 2
     assert takes["h26x"] <= 4 * shares, takes  # 64 clips, 320 packets
     assert takes["images"] <= 4 * shares, takes  # 256 images
+
+
+def _jpeg_variants() -> dict[str, bytes]:
+    """JPEGs the compiled path takes, and files it must leave to the Python path."""
+    from tests.image_media import encode
+
+    rgb = Image.fromarray(photo(90, 130, seed=3))
+    return {
+        "baseline": encode(rgb, "JPEG", quality=90),
+        "progressive": encode(rgb, "JPEG", quality=90, progressive=True),
+        "gray": encode(rgb.convert("L"), "JPEG"),
+        "444": encode(rgb, "JPEG", subsampling=0),
+        "long_exif": encode(rgb, "JPEG", exif=b"Exif\0\0" + bytes(range(256)) * 80),
+        "cmyk": encode(rgb.convert("CMYK"), "JPEG"),
+        "png": encode(rgb, "PNG"),
+    }
+
+
+def test_jpeg_sizes_walk_the_headers(tmp_path):
+    """Sizes as Pillow reads them, from JPEGs at any offset of a file (a header past the first
+    4 KB window too); (0, 0) for four components, other formats and cut headers."""
+    from kohakuclip.decode._clips import jpeg_sizes
+
+    variants = _jpeg_variants()
+    variants["cut"] = variants["long_exif"][:6000]  # ends inside the Exif segment
+    variants["empty"] = b""
+    path = tmp_path / "all.bin"
+    offsets, sizes, blob = [], [], b"junk"
+    for data in variants.values():
+        offsets.append(len(blob))
+        sizes.append(len(data))
+        blob += data
+    path.write_bytes(blob)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        found = jpeg_sizes([fd] * len(variants), offsets, sizes).tolist()
+    finally:
+        os.close(fd)
+    assert len(variants["long_exif"]) > 20000
+    for (name, data), size in zip(variants.items(), found, strict=True):
+        readable = name not in ("cmyk", "png", "cut", "empty")
+        expected = list(Image.open(io.BytesIO(data)).size) if readable else [0, 0]
+        assert size == expected, name

@@ -147,6 +147,36 @@ def test_indexed_zip_listed_zip_tar_folder_and_deflated_zip_agree(shard, tmp_pat
         np.testing.assert_array_equal(batch.crops, ref.crops, err_msg=name)
 
 
+def test_plain_archive_jpegs_take_the_compiled_path_and_agree_with_python(tmp_path):
+    """Tar and plain zip members have no size in any index: their JPEG headers give it, and
+    they decode on the compiled path (``seconds_pixels``), to the bytes of the Python path;
+    what the compiled path leaves (four components, PNG) or fails on (a broken scan) goes
+    through the Python path as before, and a broken image's error names the member."""
+    from tests.test_clips import _jpeg_variants
+
+    members = {f"{name}.jpg": data for name, data in _jpeg_variants().items()}
+    broken = bytearray(members["baseline.jpg"])
+    broken[len(broken) // 2 : len(broken) // 2 + 64] = b"\xff\xd9" * 32
+    members["broken.jpg"] = bytes(broken)
+    write_tar(str(tmp_path / "plain.tar"), members)
+    write_zip(str(tmp_path / "plain.zip"), members)
+    items = list(range(len(members) - 1))
+    for archive in ("plain.tar", "plain.zip"):
+        outputs, stats = {}, {}
+        for compiled in (True, False):
+            with ImageReader(str(tmp_path / archive), size=40, crop="resized", hflip=0.5) as r:
+                r._compiled = compiled
+                outputs[compiled] = r.read(items, seed=5)
+                stats[compiled] = r.stats()
+                with pytest.raises(ImageReadError, match=rf"{archive}:broken\.jpg: "):
+                    r.read([len(members) - 1, 0], seed=5)
+                assert r.read([0], seed=5).image.any()  # the pool still serves
+        assert stats[True]["seconds_pixels"] > 0 and "seconds_pixels" not in stats[False]
+        assert stats[True]["images"] == stats[False]["images"] == len(items)
+        np.testing.assert_array_equal(outputs[True].image, outputs[False].image, err_msg=archive)
+        np.testing.assert_array_equal(outputs[True].crops, outputs[False].crops)
+
+
 def test_info_from_the_index_without_listing(shard):
     with ImageReader(shard, size=SIZE) as reader:
         reader.read([0, 5], seed=0)
@@ -452,6 +482,7 @@ def test_gulp_frames_match_gulp_directory(gulp_dir, crop):
             if batch.flips[i, 0]:
                 ref = ref[..., ::-1]
             assert psnr(batch.image[i], ref) >= GULP_PSNR, (id_, frame)
+        assert reader.stats()["seconds_pixels"] > 0  # the compiled path (sizes from headers)
     assert batch.flips[:, 0].any() and not batch.flips[:, 0].all()
 
 

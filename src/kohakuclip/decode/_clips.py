@@ -54,6 +54,7 @@ __all__ = [
     "Follower",
     "ShareTables",
     "describe",
+    "jpeg_sizes",
 ]
 
 
@@ -119,6 +120,82 @@ def _read_fully(fd: int, buf: np.ndarray, length: int, offset: int) -> bool:
             return False
         done += got
     return True
+
+
+_PROBE_WINDOW = 4096  # bytes read at a time while walking a JPEG's marker segments
+_SOF_FIRST, _SOF_LAST = 0xC0, 0xC2  # baseline, extended sequential, progressive (Huffman)
+
+
+@numba.njit(inline="always")
+def _jpeg_size(fd: int, offset: int, size: int, window: np.ndarray) -> tuple[int, int]:
+    """(width, height) from the frame header of the JPEG at ``offset`` (``size`` bytes), or
+    (0, 0): not a JPEG, a frame type libavcodec does not decode as every reader must (arithmetic
+    coding, lossless, hierarchical, 12-bit, 2 or 4 components, a height given later), a
+    header past the image's end, a read error."""
+    base, have = 0, 0  # the window holds bytes [base, base + have) of the image
+    pos = 0
+    while pos + 10 <= size:
+        if pos < base or pos + 10 > base + have:
+            base = pos
+            have = min(len(window), size - pos)
+            if not _read_fully(fd, window, have, offset + pos):
+                return 0, 0
+        at = pos - base
+        if pos == 0:
+            if window[0] != 0xFF or window[1] != 0xD8:
+                return 0, 0
+            pos = 2
+            continue
+        if window[at] != 0xFF:
+            return 0, 0
+        marker = window[at + 1]
+        if marker == 0xFF:  # a fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length
+            pos += 2
+            continue
+        if _SOF_FIRST <= marker <= _SOF_LAST:
+            height = (np.int64(window[at + 5]) << 8) | window[at + 6]
+            width = (np.int64(window[at + 7]) << 8) | window[at + 8]
+            components = window[at + 9]
+            if window[at + 4] != 8 or (components != 1 and components != 3) or height == 0:
+                return 0, 0
+            return width, height
+        if 0xC3 <= marker <= 0xCF and marker != 0xC4 and marker != 0xC8 and marker != 0xCC:
+            return 0, 0  # another frame type
+        if marker == 0xD8 or marker == 0xD9 or marker == 0xDA:
+            return 0, 0  # a scan or the end before any frame header
+        length = (np.int64(window[at + 2]) << 8) | window[at + 3]
+        if length < 2:
+            return 0, 0
+        pos += 2 + length
+    return 0, 0
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def _jpeg_sizes(fds: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, out: np.ndarray) -> None:
+    window = np.empty(_PROBE_WINDOW, np.uint8)
+    for i in range(len(fds)):
+        out[i, 0], out[i, 1] = _jpeg_size(fds[i], offsets[i], sizes[i], window)
+
+
+def jpeg_sizes(fds: Sequence[int], offsets: Sequence[int], sizes: Sequence[int]) -> np.ndarray:
+    """The (width, height) of JPEGs read from descriptors, walking their marker segments in one
+    compiled call (no GIL; a few ``pread`` each): images whose sources record no size (archive
+    members, gulp frames) can then take the compiled decode. int64 [N, 2]; (0, 0) where the
+    bytes are not a JPEG libavcodec decodes as every reader must (see ``_jpeg_size``).
+
+    Args:
+        fds: a descriptor per image.
+        offsets: where each image starts in its file.
+        sizes: each image's stored bytes.
+    """
+    _load_libc()
+    out = np.zeros((len(fds), 2), np.int64)
+    fd, offset, size = (np.asarray(a, np.int64) for a in (fds, offsets, sizes))
+    _jpeg_sizes(fd, offset, size, out)
+    return out
 
 
 @numba.njit(inline="always")

@@ -333,10 +333,11 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             with ExitStack() as descriptors:
                 tables: ShareTables | None = None
                 stored: dict[int, int] = {}  # position -> bytes the compiled path reads
+                probed = self._probe_sizes(batch, share, files, descriptors)
                 for i in share:
                     try:
                         tables, stored[i] = self._add_jpeg(
-                            batch, i, seed, files, descriptors, tables
+                            batch, i, seed, files, descriptors, tables, probed.get(i)
                         )
                     except _NotCompiled:
                         later.append(i)
@@ -356,8 +357,8 @@ class ImageReader(ReaderBase[int, ImageBatch]):
                     for i, (code, detail, _) in zip(tables.slots, status.tolist()):
                         if code == _clips.OK:
                             self._add_counts(images=1, bytes_read=stored[i])
-                        elif code == _clips.UNSUPPORTED_FORMAT:
-                            later.append(i)
+                        elif code == _clips.UNSUPPORTED_FORMAT or i in probed:
+                            later.append(i)  # (the Python path judges unindexed images)
                         elif code != _clips.OK:
                             errors[i] = ImageReadError(_clips.describe(code, detail))
             read_one = partial(self._read_one, worker, batch, seed=seed, files=files)
@@ -382,6 +383,34 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         batch.flips[i] = (hflip, vflip)
         return crop, hflip, vflip
 
+    def _probe_sizes(
+        self, batch: ImageBatch, share: list[int], files: FileCache, descriptors: ExitStack
+    ) -> dict[int, tuple[int, int]]:
+        """(width, height) of the share's stored images whose source records none (tar and
+        plain zip members, gulp frames) and that are JPEGs the compiled path decodes, read from
+        their headers in one compiled call."""
+        if not (self._compiled and avcodec_found()):
+            return {}
+        wanted, fds, offsets, sizes = [], [], [], []
+        for i in share:
+            loc = self._catalog.locate(batch.items[i])
+            plain = loc.width == 0 and loc.codec in ("", "jpeg") and not loc.compressed
+            if plain and loc.size > 0 and loc.remote is None:
+                wanted.append(i)
+                fds.append(descriptors.enter_context(files.open(loc.path)))
+                offsets.append(loc.offset)
+                sizes.append(loc.size)
+        if not wanted:
+            return {}
+        from kohakuclip.decode._clips import jpeg_sizes
+
+        found = jpeg_sizes(fds, offsets, sizes).tolist()
+        return {
+            i: (w, h)
+            for i, (w, h) in zip(wanted, found, strict=True)
+            if 0 < w <= _JPEG_MAX_SIDE and 0 < h <= _JPEG_MAX_SIDE
+        }
+
     def _add_jpeg(
         self,
         batch: ImageBatch,
@@ -390,25 +419,28 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         files: FileCache,
         descriptors: ExitStack,
         tables: ShareTables | None,
+        probed: tuple[int, int] | None = None,
     ) -> tuple[ShareTables, int]:
         """Plan image ``i`` into the compiled JPEG tables (returned, with the bytes it reads);
         raises _NotCompiled for what the Python path takes (other codecs, deflated members,
-        sizes not in the index)."""
+        sizes neither in the index nor ``probed`` from the JPEG's header)."""
         loc = self._catalog.locate(batch.items[i])
-        stored = loc.size > 0 and not loc.compressed and loc.width > 0
-        if not (self._compiled and loc.codec == "jpeg" and stored and avcodec_found()):
+        width, height = (loc.width, loc.height) if probed is None else probed
+        jpeg = loc.codec == "jpeg" or probed is not None
+        stored = loc.size > 0 and not loc.compressed and width > 0
+        if not (self._compiled and jpeg and stored and avcodec_found()):
             raise _NotCompiled
-        if loc.width > _JPEG_MAX_SIDE or loc.height > _JPEG_MAX_SIDE:
-            raise ImageReadError(f"damaged index: a JPEG of {loc.width}x{loc.height} pixels")
-        crop, hflip, vflip = self._geometry(batch, i, seed, loc.width, loc.height)
+        if width > _JPEG_MAX_SIDE or height > _JPEG_MAX_SIDE:
+            raise ImageReadError(f"damaged index: a JPEG of {width}x{height} pixels")
+        crop, hflip, vflip = self._geometry(batch, i, seed, width, height)
         if self.mode == "yuv" and (crop.w > self.yuv_size or crop.h > self.yuv_size):
             raise ValueError(
                 f"crop window {crop.w}x{crop.h} exceeds the {self.yuv_size}-pixel yuv window "
                 "(use a larger yuv_size, or mode='yuv_resized')"
             )
         scaling = self.dct_scale and self.mode != "yuv"
-        d = dct_denominator(loc.width, loc.height, crop, self.size) if scaling else 1
-        window = scaled_window(loc.width, loc.height, crop, d)
+        d = dct_denominator(width, height, crop, self.size) if scaling else 1
+        window = scaled_window(width, height, crop, d)
         batch.colorspaces[i] = "rgb" if self.mode == "rgb" else JPEG_COLORSPACE
         batch.full_range[i] = self.mode != "rgb"
         if tables is None:
@@ -427,7 +459,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         )
         # the 128-filled chroma plane of gray pictures, sized from the index but bounded: a
         # damaged index must not allocate gigabytes (a larger gray picture takes the PyAV path)
-        shrunk = [min(-(-side // d), _GRAY_PLANE_SIDE) for side in (loc.height, loc.width)]
+        shrunk = [min(-(-side // d), _GRAY_PLANE_SIDE) for side in (height, width)]
         tables.gray = (max(tables.gray[0], shrunk[0]), max(tables.gray[1], shrunk[1]))
         return tables, loc.size
 
