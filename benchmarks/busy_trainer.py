@@ -1,6 +1,7 @@
 """Decode throughput beside a training thread that keeps the GIL busy, ours and KohakuClip 1.0.0.
 
-    python benchmarks/busy_trainer.py [--quick] [--only av1,h264_g16,h264_g250,hevc,jpeg,jpeg_tar]
+    python benchmarks/busy_trainer.py [--quick]
+        [--only av1,h264_g16,h264_g250,hevc,jpeg,jpeg_tar,jpeg_folder]
         [--threads 1 2] [--reference "$(../shared/tools/reference-kohakuclip.sh)"]
 
 A training loop in the same process as the decode threads runs Python most of the time (an
@@ -20,7 +21,8 @@ Sources (built once into ``--media``, default /tmp/kc-busy-media, from the real 
 GOP 16 closed, and x264's default keyint 250), an HEVC folder (libx265, its default keyint 250),
 AV1 shards written by ``kohakuclip-write`` from the same frames, and JPEG image shards written
 by ``kohakuclip-write-images`` from real photographs (Debian's Plasma wallpapers) and frames
-of the footage; ``jpeg_tar`` is the same JPEGs in a plain (WebDataset-style) tar, no index.
+of the footage; ``jpeg_tar`` and ``jpeg_folder`` hold the same JPEGs without an index, in a
+plain (WebDataset-style) tar and as files of a folder.
 
 Video: 16 clips x 8 frames @ 6 fps per batch, size 256; images: batches of 64, size 256. Each
 reader runs in its own process (the reference under its own Python) with one batch queued
@@ -50,7 +52,7 @@ sys.path.insert(0, HERE)
 import _gil_count  # noqa: E402
 
 MEDIA_VERSION = 1
-CONTENTS = ("av1", "h264_g16", "h264_g250", "hevc", "jpeg", "jpeg_tar")
+CONTENTS = ("av1", "h264_g16", "h264_g250", "hevc", "jpeg", "jpeg_tar", "jpeg_folder")
 MODES = {"idle": 0.0, "100 %": 1.0, "50 %": 0.5}
 
 # (file under /tmp/kc-real, start second): camera pans over photos, animated film, broadcast TV
@@ -325,23 +327,30 @@ def build_media(media: str, real: str, seconds: float, python: str) -> dict[str,
     return manifest
 
 
-def plain_tar(media: str, shards: list[str]) -> list[str]:
-    """The JPEG shards' images as one plain tar (``<key>.jpg`` members, no index), made once."""
+def plain_copy(media: str, shards: list[str], kind: str) -> list[str]:
+    """The JPEG shards' images without an index, made once: one plain tar of ``<key>.jpg``
+    members (``kind`` "tar", as WebDataset keeps them), or a folder of files ("folder")."""
     import tarfile
     import zipfile
 
-    path = os.path.join(media, "jpeg_tar", "images.tar")
+    path = os.path.join(media, f"jpeg_{kind}", "images.tar" if kind == "tar" else "images")
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with tarfile.open(path + ".tmp", "w") as tar:
-            for shard in shards:
-                with zipfile.ZipFile(shard) as z:
-                    for name in z.namelist():
-                        if name.endswith(".jpg"):
-                            info = tarfile.TarInfo(name)
-                            data = z.read(name)
-                            info.size = len(data)
-                            tar.addfile(info, io.BytesIO(data))
+        members = []
+        for shard in shards:
+            with zipfile.ZipFile(shard) as z:
+                members += [(n, z.read(n)) for n in z.namelist() if n.endswith(".jpg")]
+        if kind == "tar":
+            with tarfile.open(path + ".tmp", "w") as tar:
+                for name, data in members:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        else:
+            os.makedirs(path + ".tmp")
+            for name, data in members:
+                with open(os.path.join(path + ".tmp", name), "wb") as f:
+                    f.write(data)
         os.replace(path + ".tmp", path)
     return [path]
 
@@ -524,8 +533,8 @@ def main() -> None:
     print("| --- " * 11 + "|", flush=True)
     for content in only:
         kind = "image" if content.startswith("jpeg") else "video"
-        if content == "jpeg_tar":
-            sources = plain_tar(args.media, manifest["sources"]["jpeg"])
+        if content in ("jpeg_tar", "jpeg_folder"):
+            sources = plain_copy(args.media, manifest["sources"]["jpeg"], content[5:])
         else:
             sources = manifest["sources"][content]
         for threads in args.threads:

@@ -141,6 +141,8 @@ def test_indexed_zip_listed_zip_tar_folder_and_deflated_zip_agree(shard, tmp_pat
             if name != "deflated":  # there: the compressed size
                 assert info.size == len(stored[3][1])
             outputs[name] = reader.read(range(8), seed=11)
+            # the compiled path, sizes from the index or the JPEG headers; inflating: Python
+            assert ("seconds_pixels" in reader.stats()) == (name != "deflated"), name
     ref = outputs.pop("indexed")
     for name, batch in outputs.items():
         np.testing.assert_array_equal(batch.image, ref.image, err_msg=name)
@@ -175,6 +177,35 @@ def test_plain_archive_jpegs_take_the_compiled_path_and_agree_with_python(tmp_pa
         assert stats[True]["images"] == stats[False]["images"] == len(items)
         np.testing.assert_array_equal(outputs[True].image, outputs[False].image, err_msg=archive)
         np.testing.assert_array_equal(outputs[True].crops, outputs[False].crops)
+
+
+def test_folder_jpegs_take_the_compiled_path_and_leave_no_descriptor_open(tmp_path):
+    """A folder's JPEG files are opened and sized in compiled code and decoded there, to the
+    bytes of the Python path; a FIFO or a folder named like a JPEG, a CMYK JPEG, a PNG named
+    .jpg go the Python path (which names what it cannot read); no descriptor stays open."""
+    from tests.test_clips import _jpeg_variants
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name, data in _jpeg_variants().items():
+        (folder / f"{name}.jpg").write_bytes(data)
+    items = list(range(len(_jpeg_variants())))
+    open_before = len(os.listdir("/proc/self/fd"))
+    outputs, stats = {}, {}
+    for compiled in (True, False):
+        with ImageReader(str(folder), size=40, crop="resized", hflip=0.5, threads=2) as reader:
+            reader._compiled = compiled
+            outputs[compiled] = reader.read(items, seed=3)
+            stats[compiled] = reader.stats()
+    assert stats[True]["seconds_pixels"] > 0 and "seconds_pixels" not in stats[False]
+    np.testing.assert_array_equal(outputs[True].image, outputs[False].image)
+    os.mkfifo(folder / "z_fifo.jpg")
+    with ImageReader(str(folder), size=40) as reader:
+        fifo = len(reader) - 1
+        with pytest.raises(ImageReadError, match=r"z_fifo\.jpg: .*not a regular file"):
+            reader.read([fifo, 0], seed=3)
+        assert reader.read(items, seed=3).image.any()
+    assert len(os.listdir("/proc/self/fd")) == open_before
 
 
 def test_info_from_the_index_without_listing(shard):

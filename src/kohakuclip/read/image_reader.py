@@ -9,7 +9,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from time import thread_time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -385,30 +385,42 @@ class ImageReader(ReaderBase[int, ImageBatch]):
 
     def _probe_sizes(
         self, batch: ImageBatch, share: list[int], files: FileCache, descriptors: ExitStack
-    ) -> dict[int, tuple[int, int]]:
-        """(width, height) of the share's stored images whose source records none (tar and
-        plain zip members, gulp frames) and that are JPEGs the compiled path decodes, read from
-        their headers in one compiled call."""
+    ) -> dict[int, _Header]:
+        """Size, descriptor and stored bytes of the share's local images whose source records
+        no size (tar and plain zip members, gulp frames, image files in folders) and that are
+        JPEGs the compiled path decodes, read from their headers in compiled calls (files of a
+        folder are opened there too, and closed when ``descriptors`` closes)."""
         if not (self._compiled and avcodec_found()):
             return {}
-        wanted, fds, offsets, sizes = [], [], [], []
+        members: list[tuple[int, int, int, int]] = []  # (position, fd, offset, size)
+        loose: list[tuple[int, str]] = []  # (position, path)
         for i in share:
             loc = self._catalog.locate(batch.items[i])
             plain = loc.width == 0 and loc.codec in ("", "jpeg") and not loc.compressed
-            if plain and loc.size > 0 and loc.remote is None:
-                wanted.append(i)
-                fds.append(descriptors.enter_context(files.open(loc.path)))
-                offsets.append(loc.offset)
-                sizes.append(loc.size)
-        if not wanted:
-            return {}
-        from kohakuclip.decode._clips import jpeg_sizes
+            if not plain or loc.remote is not None:
+                continue
+            if loc.size > 0:
+                fd = descriptors.enter_context(files.open(loc.path))
+                members.append((i, fd, loc.offset, loc.size))
+            elif loc.size < 0 and loc.offset == 0:
+                loose.append((i, loc.path))
+        from kohakuclip.decode import _clips
 
-        found = jpeg_sizes(fds, offsets, sizes).tolist()
+        found: dict[int, _Header] = {}
+        if members:
+            positions, fds, offsets, sizes = zip(*members, strict=True)
+            sized = _clips.jpeg_sizes(fds, offsets, sizes).tolist()
+            for i, fd, size, (w, h) in zip(positions, fds, sizes, sized, strict=True):
+                found[i] = _Header(w, h, fd, size)
+        if loose:
+            opened = _clips.open_jpeg_files([path for _, path in loose]).tolist()
+            descriptors.callback(_clips.close_files, [fd for _, _, fd, _ in opened if fd >= 0])
+            for (i, _), (w, h, fd, size) in zip(loose, opened, strict=True):
+                found[i] = _Header(w, h, fd, size)
         return {
-            i: (w, h)
-            for i, (w, h) in zip(wanted, found, strict=True)
-            if 0 < w <= _JPEG_MAX_SIDE and 0 < h <= _JPEG_MAX_SIDE
+            i: header
+            for i, header in found.items()
+            if 0 < header.width <= _JPEG_MAX_SIDE and 0 < header.height <= _JPEG_MAX_SIDE
         }
 
     def _add_jpeg(
@@ -419,15 +431,17 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         files: FileCache,
         descriptors: ExitStack,
         tables: ShareTables | None,
-        probed: tuple[int, int] | None = None,
+        probed: _Header | None = None,
     ) -> tuple[ShareTables, int]:
         """Plan image ``i`` into the compiled JPEG tables (returned, with the bytes it reads);
         raises _NotCompiled for what the Python path takes (other codecs, deflated members,
         sizes neither in the index nor ``probed`` from the JPEG's header)."""
         loc = self._catalog.locate(batch.items[i])
-        width, height = (loc.width, loc.height) if probed is None else probed
+        width, height, size = loc.width, loc.height, loc.size
+        if probed is not None:
+            width, height, size = probed.width, probed.height, probed.size
         jpeg = loc.codec == "jpeg" or probed is not None
-        stored = loc.size > 0 and not loc.compressed and width > 0
+        stored = size > 0 and not loc.compressed and width > 0
         if not (self._compiled and jpeg and stored and avcodec_found()):
             raise _NotCompiled
         if width > _JPEG_MAX_SIDE or height > _JPEG_MAX_SIDE:
@@ -447,10 +461,16 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             from kohakuclip.decode._clips import ShareTables
 
             tables = ShareTables(self.mode, self.size, self.yuv_size)
+        if loc.remote is not None:
+            fd = -1
+        elif probed is not None:
+            fd = probed.fd
+        else:
+            fd = descriptors.enter_context(files.open(loc.path))
         tables.add(
             i,
-            -1 if loc.remote is not None else descriptors.enter_context(files.open(loc.path)),
-            _picture_plan(loc.offset, loc.size),
+            fd,
+            _picture_plan(loc.offset, size),
             window,
             (hflip, vflip),
             _JPEG_MATRIX,
@@ -461,7 +481,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         # damaged index must not allocate gigabytes (a larger gray picture takes the PyAV path)
         shrunk = [min(-(-side // d), _GRAY_PLANE_SIDE) for side in (height, width)]
         tables.gray = (max(tables.gray[0], shrunk[0]), max(tables.gray[1], shrunk[1]))
-        return tables, loc.size
+        return tables, size
 
     def _where(self, image_id: int, loc: ImageLocation) -> str:
         try:
@@ -501,6 +521,16 @@ class ImageReader(ReaderBase[int, ImageBatch]):
 
 class _NotCompiled(Exception):
     """An image the compiled JPEG path does not take."""
+
+
+class _Header(NamedTuple):
+    """What the compiled path needs of an image its source gives no size for: the size from
+    its JPEG header, the descriptor to read it from and its stored bytes."""
+
+    width: int
+    height: int
+    fd: int
+    size: int
 
 
 def _as_dict(meta: Any) -> dict[str, Any]:

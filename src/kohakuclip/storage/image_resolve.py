@@ -18,7 +18,7 @@ import numpy as np
 
 from kohakuclip.formats import IMAGE_CODECS
 from kohakuclip.gulp.index import GulpIndex
-from kohakuclip.storage.files import FileCache
+from kohakuclip.storage.files import FileCache, open_regular
 from kohakuclip.storage.image_index import load_image_index, map_image_index
 from kohakuclip.storage.image_listing import ImageSource, ImageSourceError
 from kohakuclip.storage.index import IndexFormatError
@@ -157,8 +157,8 @@ def gulp_where(gulp: GulpIndex, k: int) -> str:
 
 def read_image(loc: ImageLocation, files: FileCache) -> bytes:
     """The bytes of one image (inflated when the member is deflated)."""
-    if loc.size < 0:
-        with open(loc.path, "rb") as f:
+    if loc.size < 0:  # a file of a folder: not a FIFO (whose open would wait for a writer)
+        with open(open_regular(loc.path), "rb") as f:
             return f.read()
     if loc.remote is not None:
         try:
