@@ -442,6 +442,17 @@ def test_window_is_the_deprecated_name_of_yuv_size(corpus: Corpus) -> None:
         Reader(corpus.zip, yuv_size=97)
 
 
+def test_1_0_0s_names_of_info_and_batch_fields(corpus: Corpus) -> None:
+    with Reader(corpus.zip, size=32) as reader:
+        info = reader.info(0)
+        batch = reader.read([(0, [0])])
+    for old, new in (("h", "height"), ("w", "width"), ("name", "member")):
+        with pytest.warns(DeprecationWarning, match=f"VideoInfo.{old} is deprecated: use {new}"):
+            assert getattr(info, old) == getattr(info, new)
+    with pytest.warns(DeprecationWarning, match="colorspaces"):
+        assert batch.colorspace == batch.colorspaces
+
+
 def test_yuv_resized_converts_to_the_rgb_output(tmp_path) -> None:
     """yuv_resized planes, upsampled and converted in numpy, match the rgb mode. Chroma is at half
     the output resolution, so this is a PSNR bound, not equality: the synthetic hue ramps carry

@@ -8,7 +8,8 @@ one with ``part=``), ``merge`` (the dataset view over the parts); ``encode`` / `
 derives from ``KohakuClipError`` and is importable from here.
 """
 
-from kohakuclip import image_writer as image_writer  # 1.0.0's module names, as attributes
+from kohakuclip import _core as _core  # 1.0.0's module names, as attributes
+from kohakuclip import image_writer as image_writer
 from kohakuclip import writer as writer
 from kohakuclip.check import Problem, VerifyReport, verify
 from kohakuclip.codecs.annexb import AnnexBError

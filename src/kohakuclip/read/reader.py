@@ -60,6 +60,10 @@ class VideoInfo:
     member: str
     meta: dict[str, Any] = field(default_factory=dict)
 
+    h = renamed("h", "height")  # KohakuClip 1.0.0's names
+    w = renamed("w", "width")
+    name = renamed("name", "member")
+
 
 @dataclass
 class Batch:
@@ -73,6 +77,8 @@ class Batch:
     full_range: np.ndarray  # bool [N]: full-range (JPEG-style) samples instead of limited
     mode: OutputMode = "rgb"
     item_keys: list[int] | None = None  # per clip, the key of its crop and flips (submit)
+
+    colorspace = renamed("colorspace", "colorspaces")  # KohakuClip 1.0.0's name
 
 
 # rows of a thread's libavcodec decoder table: H.264, HEVC, then MJPEG at lowres 0-3
