@@ -150,3 +150,25 @@ def test_imports_without_torch():
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+class GulpioStyleDataset(GulpVideoDataset):
+    """A subclass as written for GulpIO: ``__getitem__`` reads ``self.items`` and ``self.gd``."""
+
+    def __getitem__(self, index):
+        item_id, item_info = self.items[index]
+        label = item_info["meta_data"][0]["label"]
+        frames, _ = self.gd[item_id, 0 : self.num_frames]
+        return np.stack(frames), self.label2idx[label]
+
+
+def test_gulpio_subclasses_find_its_attributes(gulp_dir):
+    ds = GulpioStyleDataset(gulp_dir, num_frames=2, step_size=1, is_val=True)
+    assert ds.num_chunks == 2 and ds.classes == list(LABEL2IDX)
+    assert [id_ for id_, _ in ds.items] == list(LENGTHS)
+    gd = GulpDirectory(gulp_dir)
+    for index, id_ in enumerate(LENGTHS):
+        frames, target = ds[index]
+        assert target == LABEL2IDX[LABELS[id_]]
+        assert np.array_equal(frames, np.stack(gd[id_][0][:2]))
+        assert ds.items[index][1]["frame_info"] == gd.merged_meta_dict[id_]["frame_info"]

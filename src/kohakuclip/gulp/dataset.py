@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from kohakuclip.gulp.adapters import Label2Idx, load_label2idx
+from kohakuclip.gulp.directory import GulpDirectory
 from kohakuclip.gulp.frames import GulpError
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.ingest import LABEL2IDX_FILE
@@ -87,6 +89,31 @@ class _GulpDataset:
 
     def __len__(self) -> int:
         return len(self.index)
+
+    @cached_property
+    def gd(self) -> GulpDirectory:
+        """GulpIO's attribute, for subclasses written for it (``frames, meta = self.gd[id]``):
+        the directory as a ``GulpDirectory`` (a local one; ``index`` serves URLs too)."""
+        if is_url(self.data_path):
+            raise GulpError(f"{self.data_path}: a URL dataset has no GulpDirectory; use .index")
+        return GulpDirectory(self.data_path)
+
+    @cached_property
+    def items(self) -> list[tuple[str, dict[str, Any]]]:
+        """GulpIO's attribute: per item, its id and meta entry (``frame_info``, ``meta_data``),
+        in the dataset's order."""
+        merged = self.gd.merged_meta_dict
+        return [(id_, merged[id_]) for id_ in self.index.ids]
+
+    @property
+    def num_chunks(self) -> int:
+        """GulpIO's attribute: the directory's chunk count."""
+        return self.gd.num_chunks
+
+    @property
+    def classes(self) -> list[str]:
+        """GulpIO's attribute: the label names, in ``label2idx`` order."""
+        return list(self.label2idx)
 
     def set_epoch(self, epoch: int) -> None:
         """Vary the random draws per epoch (call before creating the epoch's iterator)."""
