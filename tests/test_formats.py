@@ -209,3 +209,23 @@ def test_another_readers_index_says_which_reader_takes_it() -> None:
     ):
         with pytest.raises(IndexFormatError, match=rf"s\.zip:__index__\.bin: not a .*\({hint}\)"):
             read_index_header(lambda at, n, d=data: d[at : at + n], wanted, None, where)
+
+
+def test_video_entries_from_json_are_slotted_and_share_repeated_strings() -> None:
+    """A reader keeps one entry per video of its sources: no per-instance dict, and the strings
+    of videos encoded alike kept once (a parsed JSON header gives each its own copies)."""
+    import json
+
+    from kohakuclip.formats import VideoEntry
+
+    text = json.dumps(
+        [
+            {"member": f"v{i}.mp4", "row": i, "n": 4, "fps": 24.0, "h": 48, "w": 64,
+             "codec": "av1", "prefix": "0a0b0000000" + "4" * 20, "colorspace": "bt709"}
+            for i in range(2)
+        ]
+    )  # fmt: skip
+    a, b = (VideoEntry.from_json(obj) for obj in json.loads(text))
+    assert not hasattr(a, "__dict__")
+    assert a.prefix is b.prefix and a.codec is b.codec and a.colorspace is b.colorspace
+    assert VideoEntry.from_json(a.to_json()) == a

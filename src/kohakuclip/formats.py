@@ -10,9 +10,10 @@ of it; the JSON header carries ``version`` (INDEX_VERSION).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import pyarrow as pa
@@ -328,9 +329,14 @@ VideoCodec = Literal["av1", "h264", "hevc"]
 Colorspace = Literal["bt601", "bt709"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class VideoEntry:
-    """Per-video header entry of a KCIDX1 index (one JSON object in ``videos``)."""
+    """Per-video header entry of a KCIDX1 index (one JSON object in ``videos``).
+
+    A reader keeps one per video of its sources (millions, in each DataLoader worker): slots,
+    and the strings videos share (codec, colorspace, the decoder prefix of videos encoded
+    alike) kept once, make it about 2.5x smaller than a plain dataclass of fresh strings.
+    """
 
     member: str  # member name inside the archive
     row: int  # first FRAME_RECORD of this video
@@ -358,9 +364,9 @@ class VideoEntry:
             fps=float(obj["fps"]),
             h=int(obj["h"]),
             w=int(obj["w"]),
-            codec=obj["codec"],
-            prefix=str(obj.get("prefix", "")),
-            colorspace=obj.get("colorspace", "bt601"),
+            codec=cast(VideoCodec, sys.intern(obj["codec"])),
+            prefix=sys.intern(str(obj.get("prefix", ""))),
+            colorspace=cast(Colorspace, sys.intern(obj.get("colorspace", "bt601"))),
             full_range=bool(obj.get("full_range", False)),
         )
 

@@ -79,7 +79,7 @@ class VideoSource:
     expected_size: int = -1  # from a dataset view: the shard's size when merged (-1: unknown)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class VideoRef:
     """Where one video lives."""
 
