@@ -15,6 +15,7 @@ from PIL import Image
 from kohakuclip.gulp import (
     LABEL2IDX_FILE,
     AbstractDatasetAdapter,
+    ChunkBuilder,
     ChunkWriter,
     GulpDirectory,
     GulpError,
@@ -24,6 +25,7 @@ from kohakuclip.gulp import (
     JsonVideoAdapter,
     calculate_chunk_slices,
     check_gulp_directory,
+    encode_frame,
     open_gulp_source,
     read_video_frames,
 )
@@ -625,3 +627,28 @@ def test_adapter_parameters_named_as_ingest_options_are_shared(tmp_path, monkeyp
     assert adapter_main(busy_adapter.Busy, argv) == 0
     assert GulpDirectory(out)["1"][1] == {"rate": 2.5, "workers": 1}
     assert "2 items in 1 new chunks" in capsys.readouterr().out
+    stored = GulpDirectory(out, jpeg_decoder=bytes)["1"][0][0]
+    assert stored == encode_frame(np.zeros((8, 8, 3), np.uint8), 90)  # "x": the default
+    # an option typed by nothing (default None) still gives the ingestor the number typed
+    again = tmp_path / "again"
+    assert adapter_main(busy_adapter.Busy, [str(again), "--quality", "50", "--quiet"]) == 0
+    stored = GulpDirectory(again, jpeg_decoder=bytes)["1"][0][0]
+    assert stored == encode_frame(np.zeros((8, 8, 3), np.uint8), 50)
+
+
+def test_a_repeat_dropped_from_the_end_of_a_chunk_leaves_it_sane(tmp_path):
+    """The sanity check wants a data file to end at its last frame: dropping the last id of a
+    parallel chunk cuts the data file there."""
+    from kohakuclip.gulp.ingest import IngestReport, _drop_repeated
+    from kohakuclip.gulp.meta import chunk_paths
+
+    files = chunk_paths(str(tmp_path), 0)
+    with ChunkBuilder(files.data_path, files.meta_path) as builder:
+        builder.add("x", {"k": 0}, [np.full((16, 16, 3), 10, np.uint8)])
+        builder.add("y", {"k": 1}, [np.full((16, 16, 3), 200, np.uint8)] * 2)
+    report = IngestReport(chunks=[files.data_path], written=2)
+    _drop_repeated(files, report, {"y"})
+    assert report.repeated == ["y"] and report.written == 1
+    assert check_gulp_directory(str(tmp_path)).ok
+    assert sorted(GulpDirectory(tmp_path).merged_meta_dict) == ["x"]
+    assert abs(int(GulpDirectory(tmp_path)["x"][0][0][4, 4, 0]) - 10) <= 2

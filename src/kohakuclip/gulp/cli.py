@@ -303,7 +303,10 @@ _INGEST_DEFAULTS = {"videos_per_chunk": 100, "num_workers": 4, "quality": JPEG_Q
 
 def _shared_ingest_value(name: str, value: Any) -> Any:
     """What the ingestor takes from an option the adapter class also has (one option serves
-    both): the value when it is a count it can use, else the ingest default."""
+    both): the value (as typed, for an option without a type of its own) when it is a count it
+    can use, else the ingest default."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
     valid = isinstance(value, int) and not isinstance(value, bool) and value >= 1
     if name == "quality":
         valid = valid and value <= 100
@@ -347,7 +350,8 @@ def adapter_main(adapter_cls: type, argv: Sequence[str] | None = None) -> int:
     for name in taken & _INGEST_DEFAULTS.keys():
         setattr(args, name, _shared_ingest_value(name, getattr(args, name)))
     if "quiet" in taken:
-        args.quiet = args.quiet is True
+        quiet = args.quiet
+        args.quiet = quiet is True or str(quiet).lower() in ("1", "true", "yes")
     return _ingest(adapter, args.output_directory, args.videos_per_chunk, args)
 
 

@@ -123,8 +123,9 @@ class ChunkWriter:
 
 def _drop_repeated(output: ChunkFiles, report: IngestReport, seen: set[str]) -> None:
     """Remove from a chunk written in parallel the ids an earlier chunk of the run holds (the
-    meta file is rewritten atomically; their frames stay in the data file, unreferenced); a
-    chunk left with none is deleted. ``seen`` gains the chunk's ids."""
+    meta file is rewritten atomically, then the data file cut after the last frame kept: frames
+    of a dropped id before that stay, unreferenced); a chunk left with none is deleted.
+    ``seen`` gains the chunk's ids."""
     if not report.chunks:
         return
     meta = load_meta(output.meta_path)
@@ -137,6 +138,8 @@ def _drop_repeated(output: ChunkFiles, report: IngestReport, seen: set[str]) -> 
     kept = {id_: entry for id_, entry in meta.items() if id_ not in repeated}
     if kept:
         dump_meta(kept, output.meta_path)
+        end = max(offset + length for e in kept.values() for offset, _, length in e["frame_info"])
+        os.truncate(output.data_path, end)  # what the sanity check wants: ends at the last frame
     else:
         os.remove(output.meta_path)  # meta first: a data file alone would be an error
         os.remove(output.data_path)
