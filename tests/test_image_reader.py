@@ -173,10 +173,59 @@ def test_plain_archive_jpegs_take_the_compiled_path_and_agree_with_python(tmp_pa
                 with pytest.raises(ImageReadError, match=rf"{archive}:broken\.jpg: "):
                     r.read([len(members) - 1, 0], seed=5)
                 assert r.read([0], seed=5).image.any()  # the pool still serves
+        two = list(members).index("two_frame_headers.jpg")
+        assert outputs[True].crops[two, 2] > 16  # the frame libavcodec decodes, not 16x16
         assert stats[True]["seconds_pixels"] > 0 and "seconds_pixels" not in stats[False]
         assert stats[True]["images"] == stats[False]["images"] == len(items)
         np.testing.assert_array_equal(outputs[True].image, outputs[False].image, err_msg=archive)
         np.testing.assert_array_equal(outputs[True].crops, outputs[False].crops)
+
+
+def test_an_archive_gone_is_an_error_per_image_naming_it(tmp_path):
+    members = {f"{k}.jpg": data for k, data in enumerate(_stored_variants()[:2])}
+    write_tar(str(tmp_path / "plain.tar"), members)
+    with ImageReader(str(tmp_path / "plain.tar"), size=32) as reader:
+        os.rename(tmp_path / "plain.tar", tmp_path / "moved.tar")
+        with pytest.raises(ImageReadError, match=r"plain\.tar:0\.jpg: .*No such file"):
+            reader.read([0, 1], seed=0)
+
+
+def _stored_variants() -> list[bytes]:
+    from tests.test_clips import _jpeg_variants
+
+    return list(_jpeg_variants().values())
+
+
+FOLDER_AT_A_LOW_FILE_LIMIT = """
+import os, resource, sys
+from kohakuclip import ImageReader
+folder = sys.argv[1]
+with ImageReader(folder, size=16, threads=2) as reader:
+    reader.read([0], seed=0)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    batch = reader.read(list(range(len(reader))), seed=1)
+    print(reader.stats()["images"], int("seconds_pixels" in reader.stats()))
+"""
+
+
+def test_a_folder_batch_larger_than_the_file_limit_reads(tmp_path):
+    """A share opens at most a group of a folder's files at once, well under a limit of 256."""
+    import subprocess
+    import sys
+
+    from tests.paths import child_env
+
+    folder = tmp_path / "many"
+    folder.mkdir()
+    data = encode(Image.fromarray(photo(24, 32, seed=1)), "JPEG")
+    for k in range(600):
+        (folder / f"{k:04d}.jpg").write_bytes(data)
+    done = subprocess.run(
+        [sys.executable, "-c", FOLDER_AT_A_LOW_FILE_LIMIT, str(folder)],
+        capture_output=True, text=True, env=child_env(), timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["601", "1"]
 
 
 def test_folder_jpegs_take_the_compiled_path_and_leave_no_descriptor_open(tmp_path):

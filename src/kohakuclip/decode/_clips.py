@@ -138,9 +138,13 @@ def _jpeg_size(fd: int, offset: int, size: int, window: np.ndarray) -> tuple[int
     """(width, height) from the frame header of the JPEG at ``offset`` (``size`` bytes), or
     (0, 0): not a JPEG, a frame type libavcodec does not decode as every reader must (arithmetic
     coding, lossless, hierarchical, 12-bit, 2 or 4 components, a height given later), a
-    header past the image's end, a read error."""
+    header past the image's end, a read error. The walk goes on to the first scan, skipping
+    only the segments libavcodec skips whole too (tables, restart interval, APPn, comments):
+    in any other (reserved, JPGn, ...) libavcodec searches for markers, and a second frame
+    header there or anywhere would be the one it decodes, of another size."""
     base, have = 0, 0  # the window holds bytes [base, base + have) of the image
     pos = 0
+    found_width, found_height = 0, 0
     while pos + 10 <= size:
         if pos < base or pos + 10 > base + have:
             base = pos
@@ -162,17 +166,19 @@ def _jpeg_size(fd: int, offset: int, size: int, window: np.ndarray) -> tuple[int
         if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length
             pos += 2
             continue
+        if marker == 0xDA:  # the first scan: the frame header must have come
+            return found_width, found_height
         if _SOF_FIRST <= marker <= _SOF_LAST:
             height = (np.int64(window[at + 5]) << 8) | window[at + 6]
             width = (np.int64(window[at + 7]) << 8) | window[at + 8]
             components = window[at + 9]
-            if window[at + 4] != 8 or (components != 1 and components != 3) or height == 0:
+            if found_width > 0 or window[at + 4] != 8 or height == 0:
+                return 0, 0  # a second frame header, 12-bit, a height given later
+            if components != 1 and components != 3:
                 return 0, 0
-            return width, height
-        if 0xC3 <= marker <= 0xCF and marker != 0xC4 and marker != 0xC8 and marker != 0xCC:
-            return 0, 0  # another frame type
-        if marker == 0xD8 or marker == 0xD9 or marker == 0xDA:
-            return 0, 0  # a scan or the end before any frame header
+            found_width, found_height = width, height
+        elif not (marker in (0xC4, 0xDB, 0xDD, 0xFE) or 0xE0 <= marker <= 0xEF):
+            return 0, 0  # another frame type, a marker libavcodec does not skip whole
         length = (np.int64(window[at + 2]) << 8) | window[at + 3]
         if length < 2:
             return 0, 0

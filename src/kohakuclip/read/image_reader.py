@@ -86,6 +86,7 @@ class ImageBatch:
 _JPEG_MATRIX = yuv_to_rgb_matrix("bt601", True)  # JFIF
 _JPEG_MAX_SIDE = 65535  # a JPEG frame header's 16-bit width and height
 _GRAY_PLANE_SIDE = 8192  # gray JPEGs larger than this (after the DCT shrink) take the PyAV path
+_COMPILED_GROUP = 64  # images per compiled call: bounds the files of a folder open at once
 
 
 def _picture_plan(offset: int, size: int) -> ClipPlan:
@@ -321,50 +322,66 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         return [self._share_task(batch, s, seed, files) for s in shares]
 
     def _share_task(self, batch: ImageBatch, share: list[int], seed: int, files: FileCache) -> Any:
-        """One thread's part of a batch: stored JPEGs go through compiled libavcodec in one
-        call (no GIL inside), the rest one by one. The first failing image's error is raised
-        once the others are written."""
+        """One thread's part of a batch: stored JPEGs go through compiled libavcodec, one call
+        per ``_COMPILED_GROUP`` images (no GIL inside), the rest one by one. The first failing
+        image's error is raised once the others are written."""
 
         def run(worker: _ImageWorker) -> None:
-            from kohakuclip.decode import _clips  # numba loads with the first batch
-
             errors: dict[int, BaseException] = {}
             later: list[int] = []
-            with ExitStack() as descriptors:
-                tables: ShareTables | None = None
-                stored: dict[int, int] = {}  # position -> bytes the compiled path reads
-                probed = self._probe_sizes(batch, share, files, descriptors)
-                for i in share:
-                    try:
-                        tables, stored[i] = self._add_jpeg(
-                            batch, i, seed, files, descriptors, tables, probed.get(i)
-                        )
-                    except _NotCompiled:
-                        later.append(i)
-                    except Exception as e:
-                        errors[i] = e
-                fetched = True
-                if tables is not None:
-                    try:
-                        tables.fetch()
-                    except ObjectStoreError as e:
-                        fetched = False
-                        for i in tables.slots:
-                            errors[i] = e
-                if tables is not None and fetched:
-                    image = batch.image.reshape(len(batch.items), 1, -1)
-                    status = worker.jpeg.run(tables, image)
-                    for i, (code, detail, _) in zip(tables.slots, status.tolist()):
-                        if code == _clips.OK:
-                            self._add_counts(images=1, bytes_read=stored[i])
-                        elif code == _clips.UNSUPPORTED_FORMAT or i in probed:
-                            later.append(i)  # (the Python path judges unindexed images)
-                        elif code != _clips.OK:
-                            errors[i] = ImageReadError(_clips.describe(code, detail))
+            for k in range(0, len(share), _COMPILED_GROUP):
+                group = share[k : k + _COMPILED_GROUP]
+                self._decode_compiled(worker, batch, group, seed, files, errors, later)
             read_one = partial(self._read_one, worker, batch, seed=seed, files=files)
             self._finish_share(batch, later, read_one, errors)
 
         return run
+
+    def _decode_compiled(
+        self,
+        worker: _ImageWorker,
+        batch: ImageBatch,
+        group: list[int],
+        seed: int,
+        files: FileCache,
+        errors: dict[int, BaseException],
+        later: list[int],
+    ) -> None:
+        """Decode what the compiled path takes of ``group`` in one call; add the rest to
+        ``later`` (the Python path) and failures to ``errors``. The files of a folder's images
+        are open only while their group decodes."""
+        from kohakuclip.decode import _clips  # numba loads with the first batch
+
+        with ExitStack() as descriptors:
+            tables: ShareTables | None = None
+            stored: dict[int, int] = {}  # position -> bytes the compiled path reads
+            probed = self._probe_sizes(batch, group, files, descriptors)
+            for i in group:
+                try:
+                    tables, stored[i] = self._add_jpeg(
+                        batch, i, seed, files, descriptors, tables, probed.get(i)
+                    )
+                except _NotCompiled:
+                    later.append(i)
+                except Exception as e:
+                    errors[i] = e
+            if tables is None:
+                return
+            try:
+                tables.fetch()
+            except ObjectStoreError as e:
+                for i in tables.slots:
+                    errors[i] = e
+                return
+            image = batch.image.reshape(len(batch.items), 1, -1)
+            status = worker.jpeg.run(tables, image)
+            for i, (code, detail, _) in zip(tables.slots, status.tolist()):
+                if code == _clips.OK:
+                    self._add_counts(images=1, bytes_read=stored[i])
+                elif code == _clips.UNSUPPORTED_FORMAT or i in probed:
+                    later.append(i)  # (the Python path judges unindexed images)
+                else:
+                    errors[i] = ImageReadError(_clips.describe(code, detail))
 
     def _item_error(self, batch: ImageBatch, i: int, error: BaseException) -> Exception:
         image_id = batch.items[i]
@@ -395,15 +412,18 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         members: list[tuple[int, int, int, int]] = []  # (position, fd, offset, size)
         loose: list[tuple[int, str]] = []  # (position, path)
         for i in share:
-            loc = self._catalog.locate(batch.items[i])
-            plain = loc.width == 0 and loc.codec in ("", "jpeg") and not loc.compressed
-            if not plain or loc.remote is not None:
+            try:
+                loc = self._catalog.locate(batch.items[i])
+                plain = loc.width == 0 and loc.codec in ("", "jpeg") and not loc.compressed
+                if not plain or loc.remote is not None:
+                    continue
+                if loc.size > 0:
+                    fd = descriptors.enter_context(files.open(loc.path))
+                    members.append((i, fd, loc.offset, loc.size))
+                elif loc.size < 0 and loc.offset == 0:
+                    loose.append((i, loc.path))
+            except Exception:  # the other paths meet it again, and report it per image
                 continue
-            if loc.size > 0:
-                fd = descriptors.enter_context(files.open(loc.path))
-                members.append((i, fd, loc.offset, loc.size))
-            elif loc.size < 0 and loc.offset == 0:
-                loose.append((i, loc.path))
         from kohakuclip.decode import _clips
 
         found: dict[int, _Header] = {}
