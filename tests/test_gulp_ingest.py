@@ -652,3 +652,16 @@ def test_a_repeat_dropped_from_the_end_of_a_chunk_leaves_it_sane(tmp_path):
     assert check_gulp_directory(str(tmp_path)).ok
     assert sorted(GulpDirectory(tmp_path).merged_meta_dict) == ["x"]
     assert abs(int(GulpDirectory(tmp_path)["x"][0][0][4, 4, 0]) - 10) <= 2
+
+
+def test_ingesting_clears_what_an_interrupted_run_left(tmp_path):
+    """A meta file whose data file never got its name, and a data file still under its
+    temporary one, go: the sanity check then passes, and no chunk number is skipped."""
+    GulpIngestor(GulpioStyleAdapter(str(tmp_path), 2), tmp_path, 2, 1, progress=False)()
+    (tmp_path / "meta_1.gmeta").write_text('{"9": {"frame_info": [[0, 0, 4]], "meta_data": []}}')
+    (tmp_path / "data_1.gulp.tmp").write_bytes(b"\xff\xd8partial")
+    assert not check_gulp_directory(str(tmp_path)).ok
+    report = GulpIngestor(SquaresAdapterForWriter(), tmp_path, 2, 1, progress=False)()
+    assert report.chunks == [str(tmp_path / "data_1.gulp")]
+    assert check_gulp_directory(str(tmp_path)).ok
+    assert sorted(GulpDirectory(tmp_path).merged_meta_dict) == ["0", "1", "s0", "s1"]

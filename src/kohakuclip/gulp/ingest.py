@@ -25,6 +25,7 @@ from kohakuclip.gulp.meta import (
     find_chunks,
     load_meta,
     next_chunk_number,
+    scan_directory,
     write_json,
 )
 
@@ -146,6 +147,22 @@ def _drop_repeated(output: ChunkFiles, report: IngestReport, seen: set[str]) -> 
         report.chunks.remove(output.data_path)
 
 
+def _clear_unfinished(root: str) -> None:
+    """Remove what an interrupted ingestion left: meta files without their data file (a crash
+    between the two renames of ``ChunkBuilder.close``) and data files under their temporary
+    name. Readers skip both; the sanity check, and gulpio2, refuse the directory while they are
+    there. (One ingestion per directory at a time: another one's chunk in the making would go
+    too.)"""
+    _, _, lone_meta = scan_directory(root)
+    temporary = [
+        os.path.join(root, name)
+        for name in os.listdir(root)
+        if name.endswith(".gulp.tmp") and name.startswith("data_")
+    ]
+    for path in lone_meta + temporary:
+        os.remove(path)
+
+
 def _extended(old: Label2Idx, new: Label2Idx) -> Label2Idx:
     """``old`` with the labels only in ``new`` added after its largest index, in ``new``'s order
     (a derived map's order is the sorted labels, as GulpIO numbered them)."""
@@ -193,6 +210,7 @@ class GulpIngestor:
 
     def __call__(self) -> IngestReport:
         os.makedirs(self.output_folder, exist_ok=True)
+        _clear_unfinished(self.output_folder)
         label2idx = self._merged_label2idx()
         existing = [id_ for c in find_chunks(self.output_folder) for id_ in load_meta(c.meta_path)]
         slices = calculate_chunk_slices(self.videos_per_chunk, len(self.adapter))
