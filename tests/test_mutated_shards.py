@@ -1,12 +1,13 @@
 """Fuzzing: shards with random bytes changed in their samples, their index and their zip directory.
 
-Every mutated shard (video: AV1, H.264, HEVC members; image: JPEG members) and GulpIO directory
-(JPEG records; ``.gmeta`` files, numbers changed as well as bytes, so that many stay valid JSON)
-is opened and read in a child process, video batches holding several clips of one video so that
-decoding groups are fuzzed too: a crash in compiled code (libdav1d, libavcodec, the numba
-drivers) would kill it, a hang would run it past its time, any exception but a
-``KohakuClipError`` (the errors about the data) would end it with a traceback. The intact source
-must still read afterwards.
+Every mutated shard (video: AV1, H.264, HEVC members; image: JPEG members of an indexed shard,
+a plain tar and a folder, whose sizes compiled code reads from the JPEG headers) and GulpIO
+directory (JPEG records; ``.gmeta`` files, numbers changed as well as bytes, so that many stay
+valid JSON) is opened and read in a child process, video batches holding several clips of one
+video so that decoding groups are fuzzed too: a crash in compiled code (libdav1d, libavcodec,
+the numba drivers) would kill it, a hang would run it past its time, any exception but a
+``KohakuClipError`` (the errors about the data) would end it with a traceback. The intact
+source must still read afterwards.
 """
 
 from __future__ import annotations
@@ -57,8 +58,11 @@ class Regions:
 
 
 def _regions(path: str) -> Regions:
-    if os.path.isdir(path):
+    if os.path.isdir(path) and any(name.endswith(".gmeta") for name in os.listdir(path)):
         return _gulp_regions(path)
+    if os.path.isdir(path):  # a folder of image files: each file whole
+        names = sorted(os.listdir(path))
+        return Regions([(n, 0, os.path.getsize(os.path.join(path, n))) for n in names], [], [])
     spans: dict[str, tuple[str, int, int]] = {}
     if path.endswith(".tar"):
         with tarfile.open(path) as archive:
@@ -74,8 +78,8 @@ def _regions(path: str) -> Regions:
                 start = info.header_offset + 30 + name_len + extra_len
                 spans[info.filename] = ("", start, start + info.compress_size)
             headers = [("", archive.start_dir, os.path.getsize(path))]
-    index = spans.pop("__index__.bin")
-    return Regions(list(spans.values()), [index], headers)
+    index = spans.pop("__index__.bin", None)  # plain archives have none
+    return Regions(list(spans.values()), [index] if index else [], headers)
 
 
 def _gulp_regions(root: str) -> Regions:
@@ -186,7 +190,10 @@ def child(shard: str, work: str, seed: int) -> None:
     print(json.dumps(outcomes))
 
 
-@pytest.fixture(scope="module", params=["video zip", "video tar", "image zip", "gulp dir"])
+@pytest.fixture(
+    scope="module",
+    params=["video zip", "video tar", "image zip", "image tar", "image folder", "gulp dir"],
+)
 def shard(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     kind, container = request.param.split()
     root = tmp_path_factory.mktemp(f"fuzz_{kind}_{container}")
@@ -204,6 +211,14 @@ def shard(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     for i, subsampling in enumerate([2, 1, 0, 2]):  # 4:2:0, 4:2:2, 4:4:4
         image = Image.fromarray(photo(60 + 8 * i, 90 - 6 * i, seed=i))
         image.save(photos / f"{i}.jpg", quality=90, subsampling=subsampling)
+    if container == "folder":  # plain JPEG files: sized from their headers, compiled code
+        os.rename(photos, root / "image_folder")
+        return str(root / "image_folder")
+    if container == "tar":  # a plain (WebDataset) tar: the same, its members without an index
+        with tarfile.open(root / "image_plain.tar", "w") as tar:
+            for name in sorted(os.listdir(photos)):
+                tar.add(photos / name, arcname=name)
+        return str(root / "image_plain.tar")
     write_images(root / "out", [photos], max_short=64, min_short=0, progress=False)
     os.rename(root / "out" / "shard_00000.zip", root / "image_shard.zip")
     return str(root / "image_shard.zip")
