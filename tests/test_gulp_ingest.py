@@ -665,3 +665,34 @@ def test_ingesting_clears_what_an_interrupted_run_left(tmp_path):
     assert report.chunks == [str(tmp_path / "data_1.gulp")]
     assert check_gulp_directory(str(tmp_path)).ok
     assert sorted(GulpDirectory(tmp_path).merged_meta_dict) == ["0", "1", "s0", "s1"]
+
+
+def test_video_folder_ingestion(video_set, tmp_path):
+    """gulp_video_folder: <label>/ subfolders of videos, frames as the JSON adapter takes them,
+    a video that cannot be read skipped with a warning."""
+    from kohakuclip.gulp import VideoFolderAdapter
+    from kohakuclip.gulp.cli import video_folder_main
+
+    _, data = video_set
+    folder = tmp_path / "videos"
+    for label, id_ in (("open", "101"), ("open", "103"), ("close", "102")):
+        (folder / label).mkdir(parents=True, exist_ok=True)
+        suffix = ".avi" if id_ == "103" else ".mp4"
+        (folder / label / f"v{id_}{suffix}").write_bytes(data[id_])
+    (folder / "close" / "broken.mp4").write_bytes(b"\0" * 100)
+    out = tmp_path / "out"
+    with pytest.warns(UserWarning, match=r"broken\.mp4"):
+        code = video_folder_main([str(folder), str(out), "--frame_rate", "4", "--quiet",
+                                  "--num_workers", "1", "--videos_per_chunk", "2"])  # fmt: skip
+    assert code == 0
+    gd = GulpDirectory(out)
+    assert sorted(gd.merged_meta_dict) == ["close/v102.mp4", "open/v101.mp4", "open/v103.avi"]
+    assert json.load(open(out / LABEL2IDX_FILE)) == {"close": 0, "open": 1}
+    frames, meta = gd["open/v101.mp4"]
+    assert (meta["label"], meta["idx"], meta["fps"]) == ("open", 1, 4.0)
+    expected, _ = read_video_frames(str(folder / "open" / "v101.mp4"), 4, -1)
+    assert len(frames) == len(expected) == 8  # 2 s at 4 fps
+    for got, want in zip(frames, expected, strict=True):
+        assert psnr(got, want) > 30  # JPEG at quality 90
+    with pytest.raises(GulpError, match="no videos"):
+        VideoFolderAdapter(str(tmp_path / "out"))

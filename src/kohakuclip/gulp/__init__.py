@@ -11,6 +11,7 @@ from kohakuclip.gulp.adapters import (
     ImageFolderAdapter,
     ImageListAdapter,
     JsonVideoAdapter,
+    VideoFolderAdapter,
     load_label2idx,
 )
 from kohakuclip.gulp.chunk import ChunkBuilder, GulpChunk
@@ -43,6 +44,7 @@ __all__ = [
     "IngestReport",
     "JsonVideoAdapter",
     "SanityReport",
+    "VideoFolderAdapter",
     "calculate_chunk_slices",
     "check_gulp_directory",
     "decode_frame",

@@ -29,6 +29,7 @@ __all__ = [
     "ImageListAdapter",
     "JsonVideoAdapter",
     "Label2Idx",
+    "VideoFolderAdapter",
     "load_label2idx",
 ]
 
@@ -192,6 +193,59 @@ class JsonVideoAdapter(AbstractDatasetAdapter):
 
 Custom20BNJsonVideoAdapter = JsonVideoAdapter
 """GulpIO's name for the JSON video adapter."""
+
+
+class VideoFolderAdapter(AbstractDatasetAdapter):
+    """``input_folder/<label>/**/<video>``: one item per video, id = its path below the folder.
+
+    Frames and ``fps`` as ``JsonVideoAdapter`` takes them (``frame_rate``, ``frame_size``);
+    ``meta`` is the label, its index ``idx``, the video's ``path`` and ``fps``. Videos that
+    cannot be read are skipped with a warning (``strict=True`` raises instead).
+    """
+
+    label2idx: Label2Idx
+
+    def __init__(
+        self,
+        input_folder: str,
+        *,
+        file_extensions: Sequence[str] = VIDEO_EXTENSIONS,
+        frame_size: int = -1,
+        frame_rate: float = 8,
+        shuffle: bool = False,
+        seed: int = 0,
+        label2idx: Label2Idx | Sequence[str] | str | None = None,
+        strict: bool = False,
+    ) -> None:
+        if not os.path.isdir(input_folder):
+            raise GulpError(f"{input_folder}: not a directory")
+        self.frame_size = frame_size
+        self.frame_rate = frame_rate
+        self.strict = strict
+        items = []
+        for label in sorted(os.listdir(input_folder)):
+            class_dir = os.path.join(input_folder, label)
+            if os.path.isdir(class_dir) and not label.startswith("."):
+                for rel in list_folder(class_dir, file_extensions):
+                    items.append((f"{label}/{rel}", os.path.join(class_dir, rel), label))
+        if not items:
+            raise GulpError(f"{input_folder}: no videos in <label>/ subfolders")
+        self.label2idx = _label_map([label for _, _, label in items], label2idx, input_folder)
+        self.label2idx_derived = label2idx is None
+        self.items = _shuffled(items, shuffle, seed)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def iter_data(self, slice_element: slice | None = None) -> Iterator[dict[str, Any]]:
+        for id_, path, label in self.items[slice_element or slice(None)]:
+            try:
+                frames, fps = read_video_frames(path, self.frame_rate, self.frame_size)
+            except GulpError as exc:
+                _skip_or_raise(exc, self.strict)
+                frames, fps = [], 0.0
+            meta = {"label": label, "idx": self.label2idx[label], "path": path, "fps": fps}
+            yield {"id": id_, "frames": frames, "meta": meta}
 
 
 def _read_json_list(path: str) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from kohakuclip.gulp.adapters import (
     ImageFolderAdapter,
     ImageListAdapter,
     JsonVideoAdapter,
+    VideoFolderAdapter,
 )
 from kohakuclip.gulp.frames import JPEG_QUALITY, GulpError
 from kohakuclip.gulp.ingest import GulpIngestor
@@ -41,6 +42,7 @@ __all__ = [
     "register_adapter_main",
     "sanity_check_main",
     "script_name",
+    "video_folder_main",
 ]
 
 _P = ParamSpec("_P")
@@ -220,6 +222,27 @@ def json_videos_main(argv: Sequence[str] | None = None) -> int:
         frame_rate=args.frame_rate,
         label_name=args.label_name,
         remove_duplicate_ids=args.remove_duplicate_ids,
+        **_adapter_options(args),
+    )
+    return _ingest(adapter, args.output_directory, args.videos_per_chunk, args)
+
+
+@_command("gulp_video_folder")
+def video_folder_main(argv: Sequence[str] | None = None) -> int:
+    """gulp_video_folder: videos in <label>/ subfolders."""
+    parser = _ingest_parser(
+        _prog("gulp_video_folder", argv),
+        "Gulp videos_directory/<label>/**/<video>.",
+        ["videos_directory"],
+        "videos_per_chunk",
+        "frame_size",
+    )
+    _option(parser, "frame_rate", type=float, default=8, help="fps (default 8; <= 0: all)")
+    args = parser.parse_args(argv)
+    adapter = VideoFolderAdapter(
+        args.videos_directory,
+        frame_size=args.frame_size,
+        frame_rate=args.frame_rate,
         **_adapter_options(args),
     )
     return _ingest(adapter, args.output_directory, args.videos_per_chunk, args)
