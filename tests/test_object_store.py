@@ -314,6 +314,8 @@ def test_s3_image_tar_bit_for_bit(s3, media, compiled):
                 "0002.jpg",
             ]
             batches.append(r.read(range(len(r)), seed=5).image)
+            # compiled: sized from their headers, fetched once, decoded without the GIL
+            assert ("seconds_pixels" in r.stats()) == compiled, source
     np.testing.assert_array_equal(batches[1], batches[0])
     np.testing.assert_array_equal(batches[2], batches[0])
 
@@ -344,6 +346,7 @@ def test_image_gulp_directory_by_url_bit_for_bit(s3, http, media, compiled):
             r._compiled = compiled
             got = r.read([1, 5], seed=5).image
             after = request_counts()
+            assert ("seconds_pixels" in r.stats()) == compiled
         # s3: the listing and the two .gmeta files; http: HEADs of dataset.json,
         # manifest.parquet and chunk 0's files, of chunks 1 and 2's, then the two .gmeta files
         assert opened["requests"] - before["requests"] == (3 if url.startswith("s3") else 10)

@@ -134,8 +134,11 @@ _SOF_FIRST, _SOF_LAST = 0xC0, 0xC2  # baseline, extended sequential, progressive
 
 
 @numba.njit(inline="always")
-def _jpeg_size(fd: int, offset: int, size: int, window: np.ndarray) -> tuple[int, int]:
-    """(width, height) from the frame header of the JPEG at ``offset`` (``size`` bytes), or
+def _jpeg_size(
+    fd: int, offset: int, size: int, window: np.ndarray, source: np.ndarray
+) -> tuple[int, int]:
+    """(width, height) from the frame header of the JPEG at ``offset`` (``size`` bytes) of the
+    descriptor ``fd``, or of ``source`` (bytes already fetched) when ``fd`` is -1; or
     (0, 0): not a JPEG, a frame type libavcodec does not decode as every reader must (arithmetic
     coding, lossless, hierarchical, 12-bit, 2 or 4 components, a height given later), a
     header past the image's end, a read error. The walk goes on to the first scan, skipping
@@ -149,7 +152,12 @@ def _jpeg_size(fd: int, offset: int, size: int, window: np.ndarray) -> tuple[int
         if pos < base or pos + 10 > base + have:
             base = pos
             have = min(len(window), size - pos)
-            if not _read_fully(fd, window, have, offset + pos):
+            if fd >= 0:
+                if not _read_fully(fd, window, have, offset + pos):
+                    return 0, 0
+            elif offset + pos + have <= len(source):
+                copy_bytes(window[:have], source[offset + pos : offset + pos + have])
+            else:
                 return 0, 0
         at = pos - base
         if pos == 0:
@@ -187,22 +195,25 @@ def _jpeg_size(fd: int, offset: int, size: int, window: np.ndarray) -> tuple[int
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def _jpeg_sizes(fds: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, out: np.ndarray) -> None:
+def _jpeg_sizes(
+    fds: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, source: np.ndarray, out: np.ndarray
+) -> None:
     window = np.empty(_PROBE_WINDOW, np.uint8)
     for i in range(len(fds)):
-        out[i, 0], out[i, 1] = _jpeg_size(fds[i], offsets[i], sizes[i], window)
+        out[i, 0], out[i, 1] = _jpeg_size(fds[i], offsets[i], sizes[i], window, source)
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def _open_and_probe(paths: np.ndarray, starts: np.ndarray, flags: int, out: np.ndarray) -> None:
     window = np.empty(_PROBE_WINDOW, np.uint8)
+    nothing = np.zeros(0, np.uint8)
     for i in range(len(starts)):
         fd = _open(_voidptr(paths.ctypes.data + starts[i]), flags)
         out[i, :] = -1
         if fd < 0:
             continue
         size = _lseek(fd, 0, _SEEK_END)  # -1 for a FIFO, a socket or a device
-        width, height = _jpeg_size(fd, 0, size, window) if size > 0 else (0, 0)
+        width, height = _jpeg_size(fd, 0, size, window, nothing) if size > 0 else (0, 0)
         if width == 0:
             _close(fd)
             continue
@@ -244,21 +255,29 @@ def close_files(fds: Sequence[int]) -> None:
     _close_all(np.asarray(fds, np.int64))
 
 
-def jpeg_sizes(fds: Sequence[int], offsets: Sequence[int], sizes: Sequence[int]) -> np.ndarray:
-    """The (width, height) of JPEGs read from descriptors, walking their marker segments in one
-    compiled call (no GIL; a few ``pread`` each): images whose sources record no size (archive
-    members, gulp frames) can then take the compiled decode. int64 [N, 2]; (0, 0) where the
-    bytes are not a JPEG libavcodec decodes as every reader must (see ``_jpeg_size``).
+def jpeg_sizes(
+    fds: Sequence[int],
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    source: np.ndarray | None = None,
+) -> np.ndarray:
+    """The (width, height) of JPEGs read from descriptors, or from bytes already fetched,
+    walking their marker segments in one compiled call (no GIL; a few ``pread`` each): images
+    whose sources record no size (archive members, gulp frames) can then take the compiled
+    decode. int64 [N, 2]; (0, 0) where the bytes are not a JPEG libavcodec decodes as every
+    reader must (see ``_jpeg_size``).
 
     Args:
-        fds: a descriptor per image.
-        offsets: where each image starts in its file.
+        fds: a descriptor per image, or -1: its bytes are in ``source``.
+        offsets: where each image starts in its file (in ``source``).
         sizes: each image's stored bytes.
+        source: uint8, the bytes of the images whose descriptor is -1.
     """
     _load_libc()
     out = np.zeros((len(fds), 2), np.int64)
     fd, offset, size = (np.asarray(a, np.int64) for a in (fds, offsets, sizes))
-    _jpeg_sizes(fd, offset, size, out)
+    fetched = np.zeros(0, np.uint8) if source is None else source
+    _jpeg_sizes(fd, offset, size, fetched, out)
     return out
 
 

@@ -355,7 +355,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         with ExitStack() as descriptors:
             tables: ShareTables | None = None
             stored: dict[int, int] = {}  # position -> bytes the compiled path reads
-            probed = self._probe_sizes(batch, group, files, descriptors)
+            probed, ready = self._probe_sizes(batch, group, files, descriptors)
             for i in group:
                 try:
                     tables, stored[i] = self._add_jpeg(
@@ -368,7 +368,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             if tables is None:
                 return
             try:
-                tables.fetch()
+                tables.fetch(ready)
             except ObjectStoreError as e:
                 for i in tables.slots:
                     errors[i] = e
@@ -402,25 +402,29 @@ class ImageReader(ReaderBase[int, ImageBatch]):
 
     def _probe_sizes(
         self, batch: ImageBatch, share: list[int], files: FileCache, descriptors: ExitStack
-    ) -> dict[int, _Header]:
-        """Size, descriptor and stored bytes of the share's local images whose source records
-        no size (tar and plain zip members, gulp frames, image files in folders) and that are
-        JPEGs the compiled path decodes, read from their headers in compiled calls (files of a
-        folder are opened there too, and closed when ``descriptors`` closes)."""
+    ) -> tuple[dict[int, _Header], dict[tuple[str, int, int], Any]]:
+        """Size, descriptor and stored bytes of the share's images whose source records no size
+        (tar and plain zip members, gulp frames, image files in folders, locally or in object
+        storage) and that are JPEGs the compiled path decodes, read from their headers in
+        compiled calls (files of a folder are opened there too, and closed when ``descriptors``
+        closes; objects are fetched first, and their bytes returned for ``ShareTables.fetch``,
+        keyed as it takes them)."""
         if not (self._compiled and avcodec_found()):
-            return {}
+            return {}, {}
         members: list[tuple[int, int, int, int]] = []  # (position, fd, offset, size)
         loose: list[tuple[int, str]] = []  # (position, path)
+        remote: list[tuple[int, ImageLocation]] = []
         for i in share:
             try:
                 loc = self._catalog.locate(batch.items[i])
-                plain = loc.width == 0 and loc.codec in ("", "jpeg") and not loc.compressed
-                if not plain or loc.remote is not None:
+                if loc.width != 0 or loc.codec not in ("", "jpeg") or loc.compressed:
                     continue
-                if loc.size > 0:
+                if loc.remote is not None and loc.size > 0:
+                    remote.append((i, loc))
+                elif loc.remote is None and loc.size > 0:
                     fd = descriptors.enter_context(files.open(loc.path))
                     members.append((i, fd, loc.offset, loc.size))
-                elif loc.size < 0 and loc.offset == 0:
+                elif loc.remote is None and loc.size < 0 and loc.offset == 0:
                     loose.append((i, loc.path))
             except Exception:  # the other paths meet it again, and report it per image
                 continue
@@ -437,11 +441,43 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             descriptors.callback(_clips.close_files, [fd for _, _, fd, _ in opened if fd >= 0])
             for (i, _), (w, h, fd, size) in zip(loose, opened, strict=True):
                 found[i] = _Header(w, h, fd, size)
-        return {
+        ready: dict[tuple[str, int, int], Any] = {}
+        if remote:
+            ready = self._probe_fetched(remote, found)
+        headers = {
             i: header
             for i, header in found.items()
             if 0 < header.width <= _JPEG_MAX_SIDE and 0 < header.height <= _JPEG_MAX_SIDE
         }
+        return headers, ready
+
+    @staticmethod
+    def _probe_fetched(
+        remote: list[tuple[int, ImageLocation]], found: dict[int, _Header]
+    ) -> dict[tuple[str, int, int], Any]:
+        """Fetch the images in object storage (concurrent ranged reads) and size them from
+        their bytes into ``found``; returns the bytes by (URL, offset, size). A failed fetch
+        leaves them all to the Python path, which reports each."""
+        from kohakuclip.decode import _clips
+        from kohakuclip.storage.remote import gather_into
+
+        wanted = []
+        for _, loc in remote:
+            assert loc.remote is not None
+            wanted.append((loc.remote, loc.offset, loc.offset + loc.size))
+        try:
+            buffer, starts = gather_into(wanted)
+        except ObjectStoreError:
+            return {}
+        sizes = [loc.size for _, loc in remote]
+        sized = _clips.jpeg_sizes([-1] * len(remote), starts, sizes, buffer).tolist()
+        ready: dict[tuple[str, int, int], Any] = {}
+        for (i, loc), (obj, offset, _), start, (w, h) in zip(
+            remote, wanted, starts, sized, strict=True
+        ):
+            found[i] = _Header(w, h, -1, loc.size)
+            ready[(obj.url, offset, loc.size)] = buffer[start : start + loc.size].data
+        return ready
 
     def _add_jpeg(
         self,
