@@ -660,11 +660,13 @@ def test_ingesting_clears_what_an_interrupted_run_left(tmp_path):
     GulpIngestor(GulpioStyleAdapter(str(tmp_path), 2), tmp_path, 2, 1, progress=False)()
     (tmp_path / "meta_1.gmeta").write_text('{"9": {"frame_info": [[0, 0, 4]], "meta_data": []}}')
     (tmp_path / "data_1.gulp.tmp").write_bytes(b"\xff\xd8partial")
+    (tmp_path / "data_backup.gulp.tmp").write_bytes(b"a user's file")
     assert not check_gulp_directory(str(tmp_path)).ok
     report = GulpIngestor(SquaresAdapterForWriter(), tmp_path, 2, 1, progress=False)()
     assert report.chunks == [str(tmp_path / "data_1.gulp")]
     assert check_gulp_directory(str(tmp_path)).ok
     assert sorted(GulpDirectory(tmp_path).merged_meta_dict) == ["0", "1", "s0", "s1"]
+    assert (tmp_path / "data_backup.gulp.tmp").exists()
 
 
 def test_video_folder_ingestion(video_set, tmp_path):

@@ -9,6 +9,7 @@ once (its first item), so that every id of the directory names one video.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -157,7 +158,7 @@ def _clear_unfinished(root: str) -> None:
     temporary = [
         os.path.join(root, name)
         for name in os.listdir(root)
-        if name.endswith(".gulp.tmp") and name.startswith("data_")
+        if re.fullmatch(r"data_\d+\.gulp\.tmp", name)  # ChunkBuilder's names, nothing else
     ]
     for path in lone_meta + temporary:
         os.remove(path)
