@@ -195,6 +195,22 @@ Custom20BNJsonVideoAdapter = JsonVideoAdapter
 """GulpIO's name for the JSON video adapter."""
 
 
+def _label_folders(
+    input_folder: str, extensions: Sequence[str], what: str
+) -> list[tuple[str, str, str]]:
+    """(id, path, label) of every file below ``input_folder/<label>/``, id = its path below the
+    folder; GulpError when there is none."""
+    items = []
+    for label in sorted(os.listdir(input_folder)):
+        class_dir = os.path.join(input_folder, label)
+        if os.path.isdir(class_dir) and not label.startswith("."):
+            for rel in list_folder(class_dir, extensions):
+                items.append((f"{label}/{rel}", os.path.join(class_dir, rel), label))
+    if not items:
+        raise GulpError(f"{input_folder}: no {what} in <label>/ subfolders")
+    return items
+
+
 class VideoFolderAdapter(AbstractDatasetAdapter):
     """``input_folder/<label>/**/<video>``: one item per video, id = its path below the folder.
 
@@ -222,14 +238,7 @@ class VideoFolderAdapter(AbstractDatasetAdapter):
         self.frame_size = frame_size
         self.frame_rate = frame_rate
         self.strict = strict
-        items = []
-        for label in sorted(os.listdir(input_folder)):
-            class_dir = os.path.join(input_folder, label)
-            if os.path.isdir(class_dir) and not label.startswith("."):
-                for rel in list_folder(class_dir, file_extensions):
-                    items.append((f"{label}/{rel}", os.path.join(class_dir, rel), label))
-        if not items:
-            raise GulpError(f"{input_folder}: no videos in <label>/ subfolders")
+        items = _label_folders(input_folder, file_extensions, "videos")
         self.label2idx = _label_map([label for _, _, label in items], label2idx, input_folder)
         self.label2idx_derived = label2idx is None
         self.items = _shuffled(items, shuffle, seed)
@@ -328,14 +337,7 @@ class ImageFolderAdapter(_ImageAdapter):
     ) -> None:
         if not os.path.isdir(input_folder):
             raise GulpError(f"{input_folder}: not a directory")
-        items = []
-        for label in sorted(os.listdir(input_folder)):
-            class_dir = os.path.join(input_folder, label)
-            if os.path.isdir(class_dir) and not label.startswith("."):
-                for rel in list_folder(class_dir, file_extensions):
-                    items.append((f"{label}/{rel}", os.path.join(class_dir, rel), label))
-        if not items:
-            raise GulpError(f"{input_folder}: no images in <label>/ subfolders")
+        items = _label_folders(input_folder, file_extensions, "images")
         super().__init__(items, input_folder, image_size, shuffle, seed, label2idx, strict)
 
 
