@@ -181,6 +181,22 @@ def test_plain_archive_jpegs_take_the_compiled_path_and_agree_with_python(tmp_pa
         np.testing.assert_array_equal(outputs[True].crops, outputs[False].crops)
 
 
+def test_a_jpeg_decoding_to_another_size_than_its_header_is_never_cropped_silently(tmp_path):
+    """A header walk can size a JPEG otherwise than libavcodec decodes it: the compiled path
+    checks the decoded size, leaves the image to the Python path, which refuses it, naming it;
+    the other images of the batch are read."""
+    from tests.test_clips import _jpeg_variants, dqt_tail_frame_header
+
+    members = {"good.jpg": _jpeg_variants()["baseline"], "odd.jpg": dqt_tail_frame_header()}
+    write_tar(str(tmp_path / "plain.tar"), members)
+    for compiled in (True, False):
+        with ImageReader(str(tmp_path / "plain.tar"), size=8, crop="resized") as reader:
+            reader._compiled = compiled
+            with pytest.raises(ImageReadError, match=r"plain\.tar:odd\.jpg: "):
+                reader.read([0, 1], seed=0)
+            assert reader.read([0], seed=0).image.any()
+
+
 def test_an_archive_gone_is_an_error_per_image_naming_it(tmp_path):
     members = {f"{k}.jpg": data for k, data in enumerate(_stored_variants()[:2])}
     write_tar(str(tmp_path / "plain.tar"), members)

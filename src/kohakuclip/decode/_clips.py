@@ -65,7 +65,8 @@ __all__ = [
 FD, GOP_FIRST, GOP_END, TARGET_FIRST, TARGET_END, SLOT = 0, 1, 2, 3, 4, 5
 CROP = 6  # x, y, w, h, hflip, vflip, chroma shift x, y: eight columns (``_frame.write_frame``)
 MATRIX, PREFIX_FIRST, PREFIX_END, NAL_LENGTH_SIZE, DECODER, FOLLOWERS = 14, 15, 16, 17, 18, 19
-CLIP_FIELDS = 20
+PICTURE = 20  # the exact decoded size the crop was planned in (width * 65536 + height; 0: any)
+CLIP_FIELDS = 21
 
 GOP_FETCHED = 4  # gops column: start in ``fetched``
 
@@ -75,7 +76,7 @@ SHORT_READ = 1  # the file ended before the planned bytes (truncated member)
 DECODER_ERROR = 2  # the decoder rejected the data (detail: its error code)
 MISSING_FRAME = 3  # a wanted frame never came out (detail: its display index)
 UNSUPPORTED_FORMAT = 4  # a picture the compiled pixel stage cannot take: retry on PyAV
-WRONG_SIZE = 5  # a picture smaller than the window the crop was planned for
+WRONG_SIZE = 5  # a picture smaller than the crop window, or not the PICTURE size planned
 BAD_SAMPLE = 6  # an H.264 / HEVC sample whose NAL unit lengths run past it
 AVCODEC_ERROR = 7  # as DECODER_ERROR, from libavcodec (detail: its AVERROR)
 RETRY_ALONE = 8  # a decoding group failed before this clip's frames were out (detail: the
@@ -558,7 +559,8 @@ def _take_frames(
         if fmt < 0 or (fmt == _avcodec.GRAY and (neutral.shape[0] < ph or neutral.shape[1] < pw)):
             _avcodec.unref_frame(handle)
             return got, UNSUPPORTED_FORMAT, fmt, taps
-        if pw < width or ph < height:
+        exact = share[0][c, PICTURE]
+        if pw < width or ph < height or (exact != 0 and pw * 65536 + ph != exact):
             _avcodec.unref_frame(handle)
             return got, WRONG_SIZE, pw * 65536 + ph, taps
         for m in range(c, c + len(crops)):
@@ -721,6 +723,7 @@ class ShareTables:
         decoder: int = 0,
         remote: Any = None,
         followers: Sequence[Follower] = (),
+        picture: tuple[int, int] | None = None,
     ) -> None:
         """Append one planned clip (``plan``: a ``plan_types.ClipPlan``) bound for batch
         ``slot``; ``crop`` in the decoded picture's pixels; ``decoder``: the row of the
@@ -730,6 +733,9 @@ class ShareTables:
         clip's decoding (``plan`` must cover theirs: a plan of all their frames); each crop
         must have ``crop``'s width, height and parity of x and y (the resize weights are
         computed once for the group). Raises ``ValueError``, adding nothing, when one has not.
+        ``picture``: the (width, height) the decoder must output (libavcodec's drivers report
+        ``WRONG_SIZE`` for any other): for sizes read from a header, which a damaged stream
+        may contradict.
         """
         for follower in followers:
             other = follower.crop
@@ -742,6 +748,8 @@ class ShareTables:
         row[MATRIX] = self._matrix_row(matrix)
         row[PREFIX_FIRST], row[PREFIX_END] = self._prefix_row(prefix)
         row[NAL_LENGTH_SIZE], row[DECODER] = nal_length_size, decoder
+        if picture is not None:
+            row[PICTURE] = picture[0] * 65536 + picture[1]
         row[GOP_FIRST] = len(self.gops)
         for gop in plan.reads:
             first_packet = len(self.packets)
@@ -940,7 +948,10 @@ def _status_text(code: int, detail: int) -> str:
     if code == UNSUPPORTED_FORMAT:
         return f"unsupported picture format {detail}"
     if code == WRONG_SIZE:
-        return f"picture of {detail >> 16}x{detail & 0xFFFF} smaller than the crop window"
+        return (
+            f"a picture of {detail >> 16}x{detail & 0xFFFF}, not the size its crop window was "
+            "planned in"
+        )
     if code == BAD_SAMPLE:
         return f"sample of display index {detail}: NAL unit lengths run past the sample"
     return "ok"

@@ -532,6 +532,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             _JPEG_MATRIX,
             decoder=d.bit_length() - 1,
             remote=loc.remote,
+            picture=(-(-width // d), -(-height // d)),
         )
         # the 128-filled chroma plane of gray pictures, sized from the index but bounded: a
         # damaged index must not allocate gigabytes (a larger gray picture takes the PyAV path)
