@@ -320,6 +320,28 @@ def test_s3_image_tar_bit_for_bit(s3, media, compiled):
     np.testing.assert_array_equal(batches[2], batches[0])
 
 
+def test_s3_images_the_compiled_path_leaves_are_fetched_once(s3, tmp_path):
+    """A tar's PNG and four-component JPEG leave the compiled path after their bytes were
+    fetched for the header walk: the Python path decodes those bytes, and every member of the
+    batch is fetched once, to the pixels of the local tar."""
+    from tests.image_media import write_tar
+    from tests.test_clips import _jpeg_variants
+
+    variants = _jpeg_variants()
+    members = {f"{name}.jpg": variants[name] for name in ("baseline", "png", "cmyk", "gray")}
+    write_tar(str(tmp_path / "mixed.tar"), members)
+    obstore.put(s3, "mixed/mixed.tar", (tmp_path / "mixed.tar").read_bytes())
+    batches = []
+    for source in (str(tmp_path / "mixed.tar"), f"s3://{BUCKET}/mixed/mixed.tar"):
+        with ImageReader(source, size=32, hflip=0.5, threads=1) as r:
+            before = request_counts()
+            batches.append(r.read(range(len(members)), seed=4).image)
+            after = request_counts()
+            assert "seconds_pixels" in r.stats()
+    assert after["bytes"] - before["bytes"] == sum(len(data) for data in members.values())
+    np.testing.assert_array_equal(batches[1], batches[0])
+
+
 def _images(source: str, compiled: bool = True) -> tuple[np.ndarray, list]:
     with ImageReader(source, size=32, hflip=0.5, threads=2) as r:
         r._compiled = compiled

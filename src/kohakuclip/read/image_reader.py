@@ -328,12 +328,15 @@ class ImageReader(ReaderBase[int, ImageBatch]):
 
         def run(worker: _ImageWorker) -> None:
             errors: dict[int, BaseException] = {}
-            later: list[int] = []
+            later: dict[int, bytes | None] = {}
             for k in range(0, len(share), _COMPILED_GROUP):
                 group = share[k : k + _COMPILED_GROUP]
                 self._decode_compiled(worker, batch, group, seed, files, errors, later)
-            read_one = partial(self._read_one, worker, batch, seed=seed, files=files)
-            self._finish_share(batch, later, read_one, errors)
+
+            def read_one(i: int) -> None:
+                self._read_one(worker, batch, i, seed, files, later[i])
+
+            self._finish_share(batch, list(later), read_one, errors)
 
         return run
 
@@ -345,30 +348,31 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         seed: int,
         files: FileCache,
         errors: dict[int, BaseException],
-        later: list[int],
+        later: dict[int, bytes | None],
     ) -> None:
         """Decode what the compiled path takes of ``group`` in one call; add the rest to
-        ``later`` (the Python path) and failures to ``errors``. The files of a folder's images
-        are open only while their group decodes."""
+        ``later`` (for the Python path, with their bytes when they were fetched from object
+        storage already) and failures to ``errors``. The files of a folder's images are open
+        only while their group decodes."""
         from kohakuclip.decode import _clips  # numba loads with the first batch
 
         with ExitStack() as descriptors:
             tables: ShareTables | None = None
             stored: dict[int, int] = {}  # position -> bytes the compiled path reads
-            probed, ready = self._probe_sizes(batch, group, files, descriptors)
+            probed, fetched = self._probe_sizes(batch, group, files, descriptors)
             for i in group:
                 try:
                     tables, stored[i] = self._add_jpeg(
                         batch, i, seed, files, descriptors, tables, probed.get(i)
                     )
                 except _NotCompiled:
-                    later.append(i)
+                    later[i] = _body(fetched, i)
                 except Exception as e:
                     errors[i] = e
             if tables is None:
                 return
             try:
-                tables.fetch(ready)
+                tables.fetch(dict(fetched.values()))
             except ObjectStoreError as e:
                 for i in tables.slots:
                     errors[i] = e
@@ -379,7 +383,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
                 if code == _clips.OK:
                     self._add_counts(images=1, bytes_read=stored[i])
                 elif code == _clips.UNSUPPORTED_FORMAT or i in probed:
-                    later.append(i)  # (the Python path judges unindexed images)
+                    later[i] = _body(fetched, i)  # (the Python path judges unindexed)
                 else:
                     errors[i] = ImageReadError(_clips.describe(code, detail))
 
@@ -402,13 +406,13 @@ class ImageReader(ReaderBase[int, ImageBatch]):
 
     def _probe_sizes(
         self, batch: ImageBatch, share: list[int], files: FileCache, descriptors: ExitStack
-    ) -> tuple[dict[int, _Header], dict[tuple[str, int, int], Any]]:
+    ) -> tuple[dict[int, _Header], dict[int, _Fetched]]:
         """Size, descriptor and stored bytes of the share's images whose source records no size
         (tar and plain zip members, gulp frames, image files in folders, locally or in object
         storage) and that are JPEGs the compiled path decodes, read from their headers in
         compiled calls (files of a folder are opened there too, and closed when ``descriptors``
-        closes; objects are fetched first, and their bytes returned for ``ShareTables.fetch``,
-        keyed as it takes them)."""
+        closes; objects are fetched first, and their bytes returned by position, whatever
+        they hold: both paths take them from there)."""
         if not (self._compiled and avcodec_found()):
             return {}, {}
         members: list[tuple[int, int, int, int]] = []  # (position, fd, offset, size)
@@ -441,23 +445,21 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             descriptors.callback(_clips.close_files, [fd for _, _, fd, _ in opened if fd >= 0])
             for (i, _), (w, h, fd, size) in zip(loose, opened, strict=True):
                 found[i] = _Header(w, h, fd, size)
-        ready: dict[tuple[str, int, int], Any] = {}
-        if remote:
-            ready = self._probe_fetched(remote, found)
+        fetched = self._probe_fetched(remote, found) if remote else {}
         headers = {
             i: header
             for i, header in found.items()
             if 0 < header.width <= _JPEG_MAX_SIDE and 0 < header.height <= _JPEG_MAX_SIDE
         }
-        return headers, ready
+        return headers, fetched
 
     @staticmethod
     def _probe_fetched(
         remote: list[tuple[int, ImageLocation]], found: dict[int, _Header]
-    ) -> dict[tuple[str, int, int], Any]:
+    ) -> dict[int, _Fetched]:
         """Fetch the images in object storage (concurrent ranged reads) and size them from
-        their bytes into ``found``; returns the bytes by (URL, offset, size). A failed fetch
-        leaves them all to the Python path, which reports each."""
+        their bytes into ``found``; returns the bytes by position. A failed fetch leaves them
+        all to the Python path, which reports each."""
         from kohakuclip.decode import _clips
         from kohakuclip.storage.remote import gather_into
 
@@ -471,13 +473,15 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             return {}
         sizes = [loc.size for _, loc in remote]
         sized = _clips.jpeg_sizes([-1] * len(remote), starts, sizes, buffer).tolist()
-        ready: dict[tuple[str, int, int], Any] = {}
+        fetched: dict[int, _Fetched] = {}
         for (i, loc), (obj, offset, _), start, (w, h) in zip(
             remote, wanted, starts, sized, strict=True
         ):
             found[i] = _Header(w, h, -1, loc.size)
-            ready[(obj.url, offset, loc.size)] = buffer[start : start + loc.size].data
-        return ready
+            fetched[i] = _Fetched(
+                (obj.url, offset, loc.size), buffer[start : start + loc.size].data
+            )
+        return fetched
 
     def _add_jpeg(
         self,
@@ -547,13 +551,21 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             return loc.where
 
     def _read_one(
-        self, worker: _ImageWorker, batch: ImageBatch, i: int, seed: int, files: FileCache
+        self,
+        worker: _ImageWorker,
+        batch: ImageBatch,
+        i: int,
+        seed: int,
+        files: FileCache,
+        data: bytes | None = None,
     ) -> None:
-        """One image through PyAV, libdav1d or Pillow."""
+        """One image through PyAV, libdav1d or Pillow (``data``: its stored bytes, when
+        fetched already)."""
         decoder, seconds = worker.decoder, worker.seconds
         loc = self._catalog.locate(batch.items[i])
         start = thread_time()
-        data = ImageCatalog.read(loc, files)
+        if data is None:
+            data = ImageCatalog.read(loc, files)
         read = thread_time()
         seconds["read"] += read - start
         codec, width, height = loc.codec, loc.width, loc.height
@@ -578,6 +590,20 @@ class ImageReader(ReaderBase[int, ImageBatch]):
 
 class _NotCompiled(Exception):
     """An image the compiled JPEG path does not take."""
+
+
+class _Fetched(NamedTuple):
+    """An image's bytes fetched from object storage, and its key for ``ShareTables.fetch``:
+    (URL, offset, size)."""
+
+    key: tuple[str, int, int]
+    data: memoryview
+
+
+def _body(fetched: dict[int, _Fetched], i: int) -> bytes | None:
+    """Image ``i``'s fetched bytes as a copy (none: not fetched), so that the batch's fetch
+    buffer can go."""
+    return bytes(fetched[i].data) if i in fetched else None
 
 
 class _Header(NamedTuple):
