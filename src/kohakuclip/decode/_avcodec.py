@@ -187,8 +187,10 @@ def receive_frame(handle: np.ndarray, picture: np.ndarray) -> int:
     """Take the next decoded frame (display order) into the decoder's AVFrame and describe it
     in ``picture`` (int64, ``PICTURE_FIELDS`` long): pts, width, height, pixel-format code,
     full range, then address and stride of the Y, U and V planes (U and V 0 for gray), then
-    the corrupt flag. The planes stay valid until the next ``receive_frame``, ``unref_frame``
-    or ``flush``.
+    the corrupt flag. A picture the decoder hands over bottom-up (negative strides: MJPEG
+    after a "Metasoft MJPEG Codec" comment, which stays on in the decoder) is described by
+    its rows in stored order, as Pillow decodes it. The planes stay valid until the next
+    ``receive_frame``, ``unref_frame`` or ``flush``.
 
     Returns 0, 1 (EAGAIN: send more), 2 (EOF: fully drained) or a negative AVERROR.
     """
@@ -215,7 +217,11 @@ def receive_frame(handle: np.ndarray, picture: np.ndarray) -> int:
     for k in range(3):
         address = words[_F_DATA // 8 + k] if k < planes else 0
         stride = ints[_F_LINESIZE // 4 + k] if k < planes else 0
-        if k < planes and (address == 0 or stride <= 0):
+        if stride < 0:  # a picture the decoder turned upside down: its rows as stored
+            rows = picture[HEIGHT] if k == 0 or code != YUV420 else (picture[HEIGHT] + 1) // 2
+            address += (rows - 1) * stride
+            stride = -stride
+        if k < planes and (address == 0 or stride == 0):
             code = OTHER
         picture[Y_ADDRESS + 2 * k] = address
         picture[Y_STRIDE + 2 * k] = stride

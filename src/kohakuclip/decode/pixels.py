@@ -9,8 +9,9 @@ matrices, crops, packed layouts, and the per-thread buffers for frames PyAV deco
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import cv2
 import numpy as np
@@ -108,7 +109,7 @@ def frame_planes(frame: object) -> Planes:
     fmt = frame.format.name  # type: ignore[attr-defined]
     if fmt == "gray":
         (py,) = frame.planes  # type: ignore[attr-defined]
-        y = np.ndarray((py.height, py.line_size), np.uint8, py)
+        y = _rows(py)
         neutral = np.full(y.shape, 128, np.uint8)
         return y, neutral, neutral, (0, 0)
     shifts = _SHIFTS.get(fmt)
@@ -116,12 +117,19 @@ def frame_planes(frame: object) -> Planes:
         frame = frame.reformat(format="yuv420p")  # type: ignore[attr-defined]
         shifts = (1, 1)
     py, pu, pv = frame.planes  # type: ignore[attr-defined]
-    return (
-        np.ndarray((py.height, py.line_size), np.uint8, py),
-        np.ndarray((pu.height, pu.line_size), np.uint8, pu),
-        np.ndarray((pv.height, pv.line_size), np.uint8, pv),
-        shifts,
-    )
+    return _rows(py), _rows(pu), _rows(pv), shifts
+
+
+def _rows(plane: Any) -> np.ndarray:
+    """A PyAV plane's whole rows. A plane the decoder hands over bottom-up (a negative line
+    size: MJPEG after a "Metasoft MJPEG Codec" comment) comes as a copy of its rows in stored
+    order, as Pillow decodes it and as the compiled path reads it."""
+    if plane.line_size >= 0:
+        return np.ndarray((plane.height, plane.line_size), np.uint8, plane)
+    stride = -plane.line_size
+    lowest = plane.buffer_ptr + (plane.height - 1) * plane.line_size
+    stored = (ctypes.c_uint8 * (plane.height * stride)).from_address(lowest)
+    return np.frombuffer(stored, np.uint8).reshape(plane.height, stride).copy()
 
 
 def yuv420_planes(flat: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -389,7 +389,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
 
     def _item_error(self, batch: ImageBatch, i: int, error: BaseException) -> Exception:
         image_id = batch.items[i]
-        where = self._where(image_id, self._catalog.locate(image_id))
+        where = self._where(image_id)
         return ImageReadError(f"{where}: {error}")
 
     def _geometry(
@@ -544,11 +544,18 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         tables.gray = (max(tables.gray[0], shrunk[0]), max(tables.gray[1], shrunk[1]))
         return tables, size
 
-    def _where(self, image_id: int, loc: ImageLocation) -> str:
+    def _where(self, image_id: int, loc: ImageLocation | None = None) -> str:
+        """How an error names the image: ``ImageCatalog.where``, or where a shard too broken
+        to list has it (``loc``, else located here), or its source and position there."""
         try:
             return self._catalog.where(image_id)
-        except Exception:  # a shard too broken to list still gets named
-            return loc.where
+        except Exception:
+            pass
+        try:
+            return (loc or self._catalog.locate(image_id)).where
+        except Exception:
+            catalog = self._catalog
+            return f"{catalog.source(image_id)}: image {catalog.position(image_id)}"
 
     def _read_one(
         self,
