@@ -25,7 +25,7 @@ _IO = {"storage.cache", "storage.files", "storage.ranged", "storage.remote"}  # 
 _READ = _STORAGE | {"gulp", "decode", "read"}
 _WRITE = _READ | {"write"}
 _TOOLS = _WRITE | {"check", "summary", "sheet", "gpu", "_yuv_torch", "torch", "cli"}
-_TOOLS |= {"writer", "image_writer", "_core"}
+_TOOLS |= {"writer", "image_writer", "_core", "sampling"}
 _ANY = _TOOLS | {ROOT}
 
 ALLOWED: dict[str, set[str]] = {
@@ -54,11 +54,12 @@ ALLOWED: dict[str, set[str]] = {
     "writer": {"write"},  # 1.0.0's module names for the writers
     "image_writer": {"write"},
     "_core": {"write"},
+    "sampling": {"read"},  # 1.0.0's module name for the samplers
     ROOT: _ANY,
 }
 
 UPPER = {"decode", "read", "write", "check", "summary", "sheet", "gpu", "_yuv_torch", "torch"}
-UPPER |= {"cli", "writer", "image_writer", "_core", ROOT}
+UPPER |= {"cli", "writer", "image_writer", "_core", "sampling", ROOT}
 
 
 def _unit(rel: Path) -> str:

@@ -10,6 +10,7 @@ derives from ``KohakuClipError`` and is importable from here.
 
 from kohakuclip import _core as _core  # 1.0.0's module names, as attributes
 from kohakuclip import image_writer as image_writer
+from kohakuclip import sampling as sampling
 from kohakuclip import writer as writer
 from kohakuclip.check import Problem, VerifyReport, verify
 from kohakuclip.codecs.annexb import AnnexBError

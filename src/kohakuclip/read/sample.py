@@ -2,23 +2,47 @@
 
 A sampler is any function returning display-order frame indices; items handed to a reader are
 plain ``(video id, [frame indices])`` pairs, so users can bring their own.
+
+Both also take KohakuClip 1.0.0's calls, whose generator is a ``random.Random``:
+``clip(n, fps, frames, target_fps, rng)`` and ``random_frames(n, frames, rng)``; those draw
+the frames 1.0.0 draws from the same generator state, so a migrated script keeps its clips.
 """
 
 from __future__ import annotations
 
 import math
+import operator
+import random
+from typing import overload
 
 import numpy as np
 
 __all__ = ["clip", "random_frames"]
 
 
+@overload
 def clip(
     n_video_frames: int,
     frames: int,
     rng: np.random.Generator,
     fps: float | None = None,
     video_fps: float | None = None,
+    spread: bool = False,
+) -> list[int]: ...
+
+
+@overload
+def clip(
+    n_video_frames: int, fps: float, frames: int, target_fps: float | None, rng: random.Random, /
+) -> list[int]: ...
+
+
+def clip(
+    n_video_frames: int,
+    frames: float,
+    rng: np.random.Generator | int,
+    fps: float | None = None,
+    video_fps: float | random.Random | None = None,
     spread: bool = False,
 ) -> list[int]:
     """``frames`` frames from a random start, ``fps`` apart (the native rate when ``fps`` is None).
@@ -27,7 +51,26 @@ def clip(
     video too short for the requested span gives a clip squeezed to fit: the step shrinks until
     the clip fits, and frames repeat only when the video has fewer frames than ``frames``. Never
     raises for short videos (``n_video_frames >= 1``).
+
+    KohakuClip 1.0.0's call ``clip(n, fps, frames, target_fps, rng)`` (``rng`` a
+    ``random.Random``; ``target_fps`` None: every frame) draws as 1.0.0 does: a start uniform
+    over the frames that fit, each frame rounded to the nearest, the last frame repeated where
+    the video is too short.
+
+    Args:
+        n_video_frames: frames in the video (>= 1).
+        frames: frames in the clip (>= 1).
+        rng: the generator the start (or phase) is drawn from.
+        fps: the clip's frame rate (None: the video's own).
+        video_fps: the video's frame rate (None: frames are taken consecutively).
+        spread: span the whole video instead of ``fps``.
     """
+    if isinstance(video_fps, random.Random):
+        if isinstance(rng, np.random.Generator) or spread:
+            raise TypeError("KohakuClip 1.0.0's call is clip(n, fps, frames, target_fps, rng)")
+        return _clip_1_0(n_video_frames, float(frames), operator.index(rng), fps, video_fps)
+    if isinstance(rng, int):
+        raise TypeError("clip(n_video_frames, frames, rng, fps, video_fps): rng is a generator")
     if frames < 1:
         raise ValueError(f"frames must be >= 1, got {frames}")
     if fps is not None and not (math.isfinite(fps) and fps > 0):
@@ -49,15 +92,43 @@ def clip(
     return np.clip(idx, 0, n_video_frames - 1).astype(np.int64).tolist()
 
 
-def random_frames(n_video_frames: int, frames: int, rng: np.random.Generator) -> list[int]:
+def _clip_1_0(
+    n: int, fps: float, frames: int, target_fps: float | None, rng: random.Random
+) -> list[int]:
+    """KohakuClip 1.0.0's ``clip``, draw for draw."""
+    if frames < 1:
+        raise ValueError(f"frames must be >= 1, got {frames}")
+    if n < 1:
+        raise ValueError("cannot sample from a video without frames")
+    if not (math.isfinite(fps) and fps > 0):
+        raise ValueError(f"fps must be a positive number, got {fps}")
+    if target_fps is not None and not (math.isfinite(target_fps) and target_fps > 0):
+        raise ValueError(f"target_fps must be a positive number or None, got {target_fps}")
+    step = 1.0 if target_fps is None else fps / target_fps
+    start = rng.uniform(0.0, max(0.0, n - 1 - (frames - 1) * step))
+    return [min(round(start + k * step), n - 1) for k in range(frames)]
+
+
+def random_frames(
+    n_video_frames: int, frames: int, rng: np.random.Generator | random.Random
+) -> list[int]:
     """``frames`` distinct frames drawn at random from the whole video, in increasing order.
 
-    Videos shorter than ``frames`` give every frame once and then repeats, still sorted.
+    Videos shorter than ``frames`` give every frame once and then repeats, still sorted. With
+    a ``random.Random`` (KohakuClip 1.0.0's call) the draw is 1.0.0's, and a short video gives
+    each of its frames once (fewer than ``frames``), as 1.0.0 does.
+
+    Args:
+        n_video_frames: frames in the video (>= 1).
+        frames: frames to draw (>= 1).
+        rng: the generator they are drawn from.
     """
     if frames < 1:
         raise ValueError(f"frames must be >= 1, got {frames}")
     if n_video_frames < 1:
         raise ValueError("cannot sample from a video without frames")
+    if isinstance(rng, random.Random):
+        return sorted(rng.sample(range(n_video_frames), min(frames, n_video_frames)))
     if n_video_frames >= frames:
         picked = rng.choice(n_video_frames, size=frames, replace=False)
     else:
