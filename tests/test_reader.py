@@ -321,6 +321,21 @@ def test_out_buffer_and_pending_queueing(corpus: Corpus) -> None:
         Reader(corpus.zip, size=32).submit(items, out=np.zeros((1, 2, 3), np.uint8))
 
 
+def test_the_options_of_1_0_0_may_come_by_position(corpus: Corpus) -> None:
+    """KohakuClip 1.0.0's Reader took size, mode, threads, crop, hflip, vflip, seed, skip,
+    use_index, open_files and moov_cache by position: the same batch either way; the options
+    1.0.0 did not have are keywords only."""
+    items = [(0, [0, 3, 6]), (1, [1, 2, 4])]
+    with Reader(corpus.zip, 32, "rgb", 1, "center", 1.0, 0.0, 5, True, True, 64, 64) as reader:
+        by_position = reader.read(items, seed=2)
+    with Reader(corpus.zip, size=32, crop="center", hflip=1.0, seed=5, open_files=64) as reader:
+        by_keyword = reader.read(items, seed=2)
+    np.testing.assert_array_equal(by_position.video, by_keyword.video)
+    assert by_position.flips[:, 0].all()
+    with pytest.raises(TypeError):
+        Reader(corpus.zip, 32, "rgb", 1, "center", 0.0, 0.0, 5, True, True, 64, 64, 64)  # type: ignore[misc]
+
+
 def test_sample_policy_on_short_videos(corpus: Corpus) -> None:
     with Reader(corpus.zip, size=32) as reader:
         for vid in range(len(reader)):

@@ -28,6 +28,7 @@ from kohakuclip.read.image_reader import ImageBatch, ImageInfo, ImageReader, Ima
 from kohakuclip.read.permute import permute
 from kohakuclip.read.plan import FrameRangeError
 from kohakuclip.read.pool import Pending, PoolClosedError
+from kohakuclip.read.profile import profile
 from kohakuclip.read.reader import Batch, ClipError, Reader, VideoInfo
 from kohakuclip.read.sample import clip, random_frames
 from kohakuclip.read.stream import SampleStream
@@ -111,6 +112,7 @@ __all__ = [
     "pack",
     "pack_images",
     "permute",
+    "profile",
     "random_frames",
     "verify",
     "write_images",

@@ -23,6 +23,7 @@ from kohakuclip.plan_types import ClipPlan
 from kohakuclip.read._reader_base import ReaderBase, Sources, merged_seconds, renamed, warn_renamed
 from kohakuclip.read.plan import FrameRangeError, Skip, check_frames, clip_targets, plan_clip
 from kohakuclip.read.pool import OwnedPool, Pending, Task
+from kohakuclip.read.profile import add_frames, add_seconds
 from kohakuclip.read.sample import clip
 from kohakuclip.read.seeding import generator
 from kohakuclip.storage.cache import BlockCache
@@ -261,7 +262,6 @@ class Reader(ReaderBase[Item, Batch]):
     def __init__(
         self,
         sources: Sources,
-        *,
         size: int = 256,
         mode: OutputMode = "rgb",
         threads: int = 1,
@@ -273,6 +273,7 @@ class Reader(ReaderBase[Item, Batch]):
         use_index: bool = True,
         open_files: int = 4096,
         moov_cache: int = 4096,
+        *,
         yuv_size: int | None = None,
         gulp_fps: float | None = None,
         storage_options: dict[str, Any] | None = None,
@@ -502,6 +503,13 @@ class Reader(ReaderBase[Item, Batch]):
         error is raised once the others are written."""
 
         def run(worker: _Worker) -> None:
+            seconds = worker.stage_seconds()
+            try:
+                decode_share(worker)
+            finally:
+                add_seconds(seconds, worker.stage_seconds())
+
+        def decode_share(worker: _Worker) -> None:
             errors: dict[int, BaseException] = {}
             later: list[int] = []
             fetched = self._prefetched(ahead)  # first: its tracks are then resolved
@@ -760,6 +768,7 @@ class Reader(ReaderBase[Item, Batch]):
                 first[f] = t
 
     def _count(self, frames_out: int, decoded: int, packets: int, bytes_read: int) -> None:
+        add_frames(frames_out, decoded)
         self._add_counts(
             clips=1,
             frames_out=frames_out,
