@@ -333,9 +333,8 @@ Colorspace = Literal["bt601", "bt709"]
 class VideoEntry:
     """Per-video header entry of a KCIDX1 index (one JSON object in ``videos``).
 
-    A reader keeps one per video of its sources (millions, in each DataLoader worker): slots,
-    and the strings videos share (codec, colorspace, the decoder prefix of videos encoded
-    alike) kept once, make it about 2.5x smaller than a plain dataclass of fresh strings.
+    Parsed from an index header; a reader keeps the listed videos' entries in columns
+    (``storage.video_refs.VideoRefs``) and builds one when a video is opened.
     """
 
     member: str  # member name inside the archive

@@ -622,7 +622,7 @@ class ClipDataset(BatchDataset):
 
     def _path_counts(self, reader: Any) -> list[int]:
         catalog = reader._catalog  # one catalog source per path, videos numbered in path order
-        per = np.bincount([v.source for v in catalog.videos], minlength=len(catalog.sources))
+        per = np.bincount(catalog.videos.sources(), minlength=len(catalog.sources))
         return [int(n) for n in per]
 
     def _length_and_rate(self, reader: Any, vid: int) -> tuple[int, float]:

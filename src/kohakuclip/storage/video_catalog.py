@@ -145,10 +145,11 @@ class Catalog:
 
     def max_short_side(self, default: int) -> int:
         """The largest short side the index headers announce; ``default`` if any is unknown."""
-        sides = [min(r.entry.w, r.entry.h) for r in self.videos if r.entry is not None]
-        if len(sides) < len(self.videos) or not sides:
+        sides = self.videos.short_sides()
+        if sides is None:
             return default
-        return max(sides) + max(sides) % 2
+        longest = int(sides.max())
+        return longest + longest % 2
 
     def track_codec(self, vid: int) -> str:
         """The codec of a video if known without parsing anything, else ""."""

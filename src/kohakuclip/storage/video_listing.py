@@ -43,12 +43,12 @@ from kohakuclip.storage.prefix import list_prefix, open_listed_gulp
 from kohakuclip.storage.ranged import Objects
 from kohakuclip.storage.remote import ObjectStoreError, is_url, local_path, suffix_of
 from kohakuclip.storage.tar import find_tar_last_member, list_tar
+from kohakuclip.storage.video_refs import VideoRef, VideoRefs
 from kohakuclip.storage.view import ViewError, has_view, load_view, parse_view
 from kohakuclip.storage.zip import ArchiveError, Member, find_zip_member, list_zip
 
 __all__ = [
     "SourceError",
-    "VideoRef",
     "VideoSource",
     "archive_members",
     "index_layout",
@@ -79,22 +79,13 @@ class VideoSource:
     expected_size: int = -1  # from a dataset view: the shard's size when merged (-1: unknown)
 
 
-@dataclass(frozen=True, slots=True)
-class VideoRef:
-    """Where one video lives."""
-
-    source: int  # index into the listed sources
-    member: str  # member name in the archive, or path relative to the folder
-    entry: VideoEntry | None = None  # header entry when the source has an index
-
-
 _VIEW_COLUMNS = ["shard", "index", "member", "frames", "fps", "width", "height", "codec"]
 _VIEW_COLUMNS += ["colorspace", "prefix"]
 
 
 def list_video_sources(
     paths: list[str], objects: Objects, use_index: bool = True
-) -> tuple[list[VideoSource], list[VideoRef]]:
+) -> tuple[list[VideoSource], VideoRefs]:
     """The sources ``paths`` expand to, and their videos in order.
 
     Args:
@@ -151,7 +142,7 @@ class _Lister:
         self.objects = objects
         self.use_index = use_index
         self.sources: list[VideoSource] = []
-        self.videos: list[VideoRef] = []
+        self.videos = VideoRefs()
 
     def add(self, path: str) -> None:
         path = local_path(path)

@@ -29,7 +29,8 @@ from kohakuclip.gulp.index import GulpIndex
 from kohakuclip.mp4.moov import parse_mp4
 from kohakuclip.storage.ranged import Objects, RangedFile
 from kohakuclip.storage.remote import ObjectStoreError
-from kohakuclip.storage.video_listing import SourceError, VideoRef, VideoSource, archive_members
+from kohakuclip.storage.video_listing import SourceError, VideoSource, archive_members
+from kohakuclip.storage.video_refs import VideoRef
 from kohakuclip.storage.zip import ArchiveError, find_zip_member
 from kohakuclip.tracks import VideoTrack
 
