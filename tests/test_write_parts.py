@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,8 @@ import pytest
 import kohakuclip
 from kohakuclip import ClipError, MergeError, Part, Reader, Source, WriteError, merge, write_videos
 from kohakuclip import cli as kohakuclip_cli
+from kohakuclip.formats import INDEX_MEMBER
+from kohakuclip.storage.index import VideoIndex
 from kohakuclip.write import cli
 from kohakuclip.write.parts import earlier_run, holds_run
 from tests.media import VideoSpec, make_video
@@ -150,6 +153,43 @@ def test_reader_over_the_view_equals_the_listed_shards(parts, tmp_path) -> None:
         assert view.info(3).meta["caption"] == "the fourth video"
         spec = view.sample(4, 6, fps=12.0, seed=1)
         assert np.array_equal(view.read(spec).video, listed.read(spec).video)
+
+
+def _mark_full_range(shard: Path, member: str) -> None:
+    """Rewrite ``shard`` with its index saying ``member`` holds full-range samples."""
+    with zipfile.ZipFile(shard) as z:
+        stored = [(info.filename, z.read(info)) for info in z.infolist()]
+    index = dict(stored)[INDEX_MEMBER]
+    parsed = VideoIndex.from_buffer(index)
+    videos = [replace(v, full_range=v.member == member) for v in parsed.videos]
+    changed = replace(parsed, videos=videos).to_bytes()
+    with zipfile.ZipFile(shard, "w", zipfile.ZIP_STORED) as z:
+        for name, data in stored:
+            z.writestr(name, changed if name == INDEX_MEMBER else data)
+
+
+def test_a_full_range_video_reads_alike_through_the_view_and_its_shard(parts, tmp_path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(parts, copy)
+    shard = sorted(copy.glob("part-*.shard_*.zip"))[0]
+    member = VideoIndex.from_buffer(zipfile.ZipFile(shard).read(INDEX_MEMBER)).videos[0].member
+    _mark_full_range(shard, member)
+    merge(copy)
+    merged = pq.read_table(copy / "manifest.parquet").to_pylist()
+    assert [r["full_range"] for r in merged] == [r["member"] == member for r in merged]
+    with (
+        Reader(copy, size=32, crop="center") as view,
+        Reader([shard], size=32, crop="center") as listed,
+    ):
+        vid = next(v for v in range(len(view)) if view.info(v).member == member)
+        clip = [(vid, [0, 3, 5])]
+        through_view, through_shard = view.read(clip), listed.read([(0, [0, 3, 5])])
+        assert bool(through_view.full_range[0]) and bool(through_shard.full_range[0])
+        assert np.array_equal(through_view.video, through_shard.video)
+    older = pq.read_table(copy / "manifest.parquet").drop_columns(["full_range"])
+    pq.write_table(older, copy / "manifest.parquet")  # merged before the column: limited range
+    with Reader(copy, size=32) as view:
+        assert not view.read(clip).full_range[0]
 
 
 def test_view_reader_names_a_shard_replaced_after_the_merge(parts, tmp_path) -> None:

@@ -100,6 +100,7 @@ VIDEO_MANIFEST_SCHEMA = pa.schema(
         ("colorspace", pa.string()),
         ("label", pa.string()),
         ("prefix", pa.string()),  # hex decoder prefix, as in the index (for the dataset view)
+        ("full_range", pa.bool_()),  # as in the index; merged manifests before 2026-12-03 lack it
     ]
 )
 """The video manifest: the shared columns, then the per-video stream facts."""
@@ -433,7 +434,8 @@ DATASET_FILE = "dataset.json"
 ``shards`` is sorted by name; ids run through them in that order, and within a shard in index
 order. ``index`` is the byte range of the shard's index member, ``records`` the absolute offset
 of its first FRAME_RECORD and ``deps`` that of its KCAV1D table, so a reader opens no shard until
-it reads from it. The per-video facts (member, frames, fps, size, codec, colorspace, prefix) are
-the merged manifest's columns; ``bytes`` lets a reader notice a shard replaced after the merge."""
+it reads from it. The per-video facts (member, frames, fps, size, codec, colorspace, prefix,
+full_range) are the merged manifest's columns; ``bytes`` lets a reader notice a shard replaced
+after the merge."""
 
 DATASET_FORMAT = "kohakuclip dataset view"

@@ -81,6 +81,7 @@ class VideoSource:
 
 _VIEW_COLUMNS = ["shard", "index", "member", "frames", "fps", "width", "height", "codec"]
 _VIEW_COLUMNS += ["colorspace", "prefix"]
+_VIEW_OPTIONAL = ["full_range"]  # merged manifests before 2026-12-03 lack it: limited range
 
 
 def list_video_sources(
@@ -291,13 +292,16 @@ class _Lister:
                 if manifest not in listed:
                     raise FileNotFoundError("no such object")
                 obj = self.objects.remote(manifest, listed[manifest])
-                table = pq.read_table(pa.BufferReader(obj.read(0, obj.size)), columns=_VIEW_COLUMNS)
+                parquet = pq.ParquetFile(pa.BufferReader(obj.read(0, obj.size)))
             else:
-                table = pq.read_table(manifest, columns=_VIEW_COLUMNS)
+                parquet = pq.ParquetFile(manifest)
+            optional = [c for c in _VIEW_OPTIONAL if c in parquet.schema_arrow.names]
+            table = parquet.read(columns=_VIEW_COLUMNS + optional)
         except (OSError, KeyError, ValueError) as e:
             raise SourceError(f"{manifest}: cannot read the merged manifest ({e})") from None
         table = table.sort_by([("shard", "ascending"), ("index", "ascending")])
-        columns = {name: table.column(name).to_pylist() for name in _VIEW_COLUMNS}
+        columns = {name: table.column(name).to_pylist() for name in _VIEW_COLUMNS + optional}
+        full_range = columns.get("full_range", [False] * len(table))
         start = 0
         for shard in view.shards:
             rows = range(start, start + shard.count)
@@ -334,6 +338,7 @@ class _Lister:
                     codec=columns["codec"][i],
                     prefix=columns["prefix"][i] or "",
                     colorspace=columns["colorspace"][i],
+                    full_range=bool(full_range[i]),
                 )
                 row += entry.n
                 self.videos.append(VideoRef(sid, entry.member, entry))

@@ -27,7 +27,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kohakuclip.errors import KohakuClipError
-from kohakuclip.formats import DATASET_FILE, MANIFEST_FILE, SKIPPED_FILE, manifest_table
+from kohakuclip.formats import (
+    DATASET_FILE,
+    MANIFEST_FILE,
+    SKIPPED_FILE,
+    VideoEntry,
+    manifest_table,
+)
 from kohakuclip.storage.image_index import find_image_index
 from kohakuclip.storage.index import IndexFormatError
 from kohakuclip.storage.remote import (
@@ -170,7 +176,7 @@ def _kind(table: pa.Table) -> ViewKind:
     return "image" if "key" in table.column_names else "video"
 
 
-def _video_listing(out: _Out, shard: str, rows: pa.Table) -> tuple[ShardListing, list[str]]:
+def _video_listing(out: _Out, shard: str, rows: pa.Table) -> tuple[ShardListing, list[VideoEntry]]:
     path = out.path(shard)
     try:
         member, records, deps, entries = index_layout(path)
@@ -188,7 +194,7 @@ def _video_listing(out: _Out, shard: str, rows: pa.Table) -> tuple[ShardListing,
     listing = ShardListing(
         shard, len(entries), out.sizes[shard], (member.offset, member.size), records, deps
     )
-    return listing, [e.prefix for e in entries]
+    return listing, entries
 
 
 def _image_listing(out: _Out, shard: str, rows: pa.Table) -> ShardListing:
@@ -204,6 +210,12 @@ def _image_listing(out: _Out, shard: str, rows: pa.Table) -> ShardListing:
     if rows.column("index").to_pylist() != list(range(count)):
         raise MergeError(f"{path}: {count} images in its index, manifest rows disagree")
     return ShardListing(shard, count, out.sizes[shard], (member.offset, member.size))
+
+
+def _set_column(table: pa.Table, name: str, column: pa.Array) -> pa.Table:
+    if name in table.column_names:
+        return table.set_column(table.column_names.index(name), name, column)
+    return table.append_column(name, column)
 
 
 def merge(out: str | os.PathLike[str]) -> MergeResult:
@@ -227,23 +239,21 @@ def merge(out: str | os.PathLike[str]) -> MergeResult:
     shard_runs = pc.run_end_encode(table.column("shard").combine_chunks())
     ends = shard_runs.run_ends.to_pylist()
     listings: list[ShardListing] = []
-    prefixes: list[str] = []
+    entries: list[VideoEntry] = []
     for shard, start, end in zip(shard_runs.values.to_pylist(), [0, *ends[:-1]], ends):
         rows = table.slice(start, end - start)
         if shard not in folder.sizes:
             raise MergeError(f"{folder.root}: {shard} is in a manifest but missing")
         if kind == "video":
-            listing, shard_prefixes = _video_listing(folder, shard, rows)
-            prefixes.extend(shard_prefixes)
+            listing, shard_entries = _video_listing(folder, shard, rows)
+            entries.extend(shard_entries)
         else:
             listing = _image_listing(folder, shard, rows)
         listings.append(listing)
-    if kind == "video":  # the decoder prefix as the index has it (older manifests lack it)
-        column = pa.array(prefixes, pa.string())
-        if "prefix" in table.column_names:
-            table = table.set_column(table.column_names.index("prefix"), "prefix", column)
-        else:
-            table = table.append_column("prefix", column)
+    if kind == "video":  # as the indexes have them (older manifests lack the columns)
+        table = _set_column(table, "prefix", pa.array([e.prefix for e in entries], pa.string()))
+        ranges = pa.array([e.full_range for e in entries], pa.bool_())
+        table = _set_column(table, "full_range", ranges)
     encoded = io.BytesIO()
     pq.write_table(table, encoded)
     folder.replace(MANIFEST_FILE, encoded.getvalue())

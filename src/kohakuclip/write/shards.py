@@ -369,6 +369,7 @@ class _Run:
             "codec": entry.codec,
             "colorspace": entry.colorspace,
             "prefix": entry.prefix,
+            "full_range": entry.full_range,
             **labels,
         }
 
