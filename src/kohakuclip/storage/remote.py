@@ -67,7 +67,8 @@ CREDENTIAL_VARIABLES = {
     "AWS_REGION, AWS_ALLOW_HTTP, AWS_PROFILE / ~/.aws/config, AWS_WEB_IDENTITY_TOKEN_FILE, "
     "the instance metadata service",
     "gs": "GOOGLE_SERVICE_ACCOUNT (or GOOGLE_APPLICATION_CREDENTIALS), GOOGLE_SERVICE_ACCOUNT_KEY, "
-    "the gcloud application default credentials, the instance metadata service",
+    "GOOGLE_ALLOW_HTTP, the gcloud application default credentials, the instance metadata "
+    "service",
     "az": "AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY, "
     "AZURE_CLIENT_ID / AZURE_CLIENT_SECRET / AZURE_TENANT_ID, AZURE_STORAGE_USE_EMULATOR",
 }
@@ -172,6 +173,10 @@ def _family(scheme: str) -> str:
     return "az"
 
 
+_ALLOW_HTTP = {"s3": "AWS_ALLOW_HTTP", "gs": "GOOGLE_ALLOW_HTTP", "az": "AZURE_ALLOW_HTTP"}
+"""Per store family, the variable that lets its client speak plain http (an emulator, a gateway)."""
+
+
 def _split(url: str) -> tuple[str, str]:
     """(the store's root URL, the object's key under it)."""
     parts = urlsplit(url)
@@ -241,10 +246,11 @@ class _Stores:
         settings = dict(options or {})
         client = {**CLIENT, **settings.pop("client_options", {})}
         # explicit client options replace the ones read from the environment: keep
-        # AWS_ALLOW_HTTP (and plain http:// stores, which need it) working
-        scheme = root.partition("://")[0].lower()
-        allow = os.environ.get("AWS_ALLOW_HTTP", "").lower() in ("1", "true")
-        if scheme == "http" or (allow and _family(scheme) == "s3"):
+        # AWS_ALLOW_HTTP / GOOGLE_ALLOW_HTTP / AZURE_ALLOW_HTTP (and plain http:// stores,
+        # which need it) working
+        family = _family(root.partition("://")[0].lower())
+        variable = _ALLOW_HTTP.get(family, "")
+        if family == "http" or os.environ.get(variable, "").lower() in ("1", "true"):
             client.setdefault("allow_http", True)
         retry = {**RETRY, **settings.pop("retry_config", {})}
         try:
