@@ -1,7 +1,7 @@
 """Decode throughput beside a training thread that keeps the GIL busy, ours and KohakuClip 1.0.0.
 
     python benchmarks/busy_trainer.py [--quick]
-        [--only av1,h264_g16,h264_g250,hevc,jpeg,jpeg_tar,jpeg_folder]
+        [--only av1,h264_g16,h264_g250,hevc,jpeg,jpeg_tar,jpeg_folder,jpeg_zip]
         [--threads 1 2] [--reference "$(../shared/tools/reference-kohakuclip.sh)"]
 
 A training loop in the same process as the decode threads runs Python most of the time (an
@@ -21,8 +21,9 @@ Sources (built once into ``--media``, default /tmp/kc-busy-media, from the real 
 GOP 16 closed, and x264's default keyint 250), an HEVC folder (libx265, its default keyint 250),
 AV1 shards written by ``kohakuclip-write`` from the same frames, and JPEG image shards written
 by ``kohakuclip-write-images`` from real photographs (Debian's Plasma wallpapers) and frames
-of the footage; ``jpeg_tar`` and ``jpeg_folder`` hold the same JPEGs without an index, in a
-plain (WebDataset-style) tar and as files of a folder.
+of the footage; ``jpeg_tar``, ``jpeg_folder`` and ``jpeg_zip`` hold the same JPEGs without an
+index, in a plain (WebDataset-style) tar, as files of a folder, and in a zip made with
+compression (every member deflated, as ``zip`` and ``shutil.make_archive`` make them).
 
 Video: 16 clips x 8 frames @ 6 fps per batch, size 256; images: batches of 64, size 256. Each
 reader runs in its own process (the reference under its own Python) with one batch queued
@@ -52,7 +53,7 @@ sys.path.insert(0, HERE)
 import _gil_count  # noqa: E402
 
 MEDIA_VERSION = 1
-CONTENTS = ("av1", "h264_g16", "h264_g250", "hevc", "jpeg", "jpeg_tar", "jpeg_folder")
+CONTENTS = ("av1", "h264_g16", "h264_g250", "hevc", "jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip")
 MODES = {"idle": 0.0, "100 %": 1.0, "50 %": 0.5}
 
 # (file under /tmp/kc-real, start second): camera pans over photos, animated film, broadcast TV
@@ -329,11 +330,13 @@ def build_media(media: str, real: str, seconds: float, python: str) -> dict[str,
 
 def plain_copy(media: str, shards: list[str], kind: str) -> list[str]:
     """The JPEG shards' images without an index, made once: one plain tar of ``<key>.jpg``
-    members (``kind`` "tar", as WebDataset keeps them), or a folder of files ("folder")."""
+    members (``kind`` "tar", as WebDataset keeps them), a folder of files ("folder"), or a zip
+    with every member deflated ("zip")."""
     import tarfile
     import zipfile
 
-    path = os.path.join(media, f"jpeg_{kind}", "images.tar" if kind == "tar" else "images")
+    name = {"tar": "images.tar", "zip": "images.zip"}.get(kind, "images")
+    path = os.path.join(media, f"jpeg_{kind}", name)
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         members = []
@@ -346,6 +349,10 @@ def plain_copy(media: str, shards: list[str], kind: str) -> list[str]:
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
+        elif kind == "zip":
+            with zipfile.ZipFile(path + ".tmp", "w", zipfile.ZIP_DEFLATED) as z:
+                for name, data in members:
+                    z.writestr(name, data)
         else:
             os.makedirs(path + ".tmp")
             for name, data in members:
@@ -533,7 +540,7 @@ def main() -> None:
     print("| --- " * 11 + "|", flush=True)
     for content in only:
         kind = "image" if content.startswith("jpeg") else "video"
-        if content in ("jpeg_tar", "jpeg_folder"):
+        if content in ("jpeg_tar", "jpeg_folder", "jpeg_zip"):
             sources = plain_copy(args.media, manifest["sources"]["jpeg"], content[5:])
         else:
             sources = manifest["sources"][content]

@@ -6,6 +6,7 @@ import io
 import os
 import shutil
 import zipfile
+import zlib
 from dataclasses import fields
 
 import numpy as np
@@ -141,8 +142,8 @@ def test_indexed_zip_listed_zip_tar_folder_and_deflated_zip_agree(shard, tmp_pat
             if name != "deflated":  # there: the compressed size
                 assert info.size == len(stored[3][1])
             outputs[name] = reader.read(range(8), seed=11)
-            # the compiled path, sizes from the index or the JPEG headers; inflating: Python
-            assert ("seconds_pixels" in reader.stats()) == (name != "deflated"), name
+            # the compiled path, sizes from the index or the JPEG headers (inflated first)
+            assert "seconds_pixels" in reader.stats(), name
     ref = outputs.pop("indexed")
     for name, batch in outputs.items():
         np.testing.assert_array_equal(batch.image, ref.image, err_msg=name)
@@ -162,8 +163,9 @@ def test_plain_archive_jpegs_take_the_compiled_path_and_agree_with_python(tmp_pa
     members["broken.jpg"] = bytes(broken)
     write_tar(str(tmp_path / "plain.tar"), members)
     write_zip(str(tmp_path / "plain.zip"), members)
+    write_zip(str(tmp_path / "deflated.zip"), members, deflate=True)
     items = list(range(len(members) - 1))
-    for archive in ("plain.tar", "plain.zip"):
+    for archive in ("plain.tar", "plain.zip", "deflated.zip"):
         outputs, stats = {}, {}
         for compiled in (True, False):
             with ImageReader(str(tmp_path / archive), size=40, crop="resized", hflip=0.5) as r:
@@ -179,6 +181,89 @@ def test_plain_archive_jpegs_take_the_compiled_path_and_agree_with_python(tmp_pa
         assert stats[True]["images"] == stats[False]["images"] == len(items)
         np.testing.assert_array_equal(outputs[True].image, outputs[False].image, err_msg=archive)
         np.testing.assert_array_equal(outputs[True].crops, outputs[False].crops)
+
+
+def _deflated_member(data: bytes) -> bytes:
+    packer = zlib.compressobj(6, zlib.DEFLATED, -15)
+    return packer.compress(data) + packer.flush()
+
+
+def _zip_of_deflated(path: str, payloads: dict[str, bytes]) -> None:
+    """A zip whose members hold ``payloads`` as raw deflate data (sizes as given, however
+    broken the data): written stored, then marked deflated in both headers."""
+    write_zip(path, payloads)
+    archive = bytearray(open(path, "rb").read())
+    with zipfile.ZipFile(path) as z:
+        infos = z.infolist()
+    directory = archive.rindex(b"PK\x05\x06")
+    directory = int.from_bytes(archive[directory + 16 : directory + 20], "little")
+    for info in infos:
+        archive[info.header_offset + 8 : info.header_offset + 10] = b"\x08\x00"
+    at = directory
+    for info in infos:
+        archive[at + 10 : at + 12] = b"\x08\x00"
+        at += 46 + len(info.filename.encode()) + len(info.extra) + len(info.comment)
+    open(path, "wb").write(bytes(archive))
+
+
+def test_damaged_deflated_members_are_named_and_the_rest_read(tmp_path):
+    """A deflated member whose stream is damaged, or ends before its deflate stream does, is
+    named in its error on both paths; the other images of the batch are read, and the same as
+    from a stored zip."""
+    from tests.test_clips import _jpeg_variants
+
+    variants = _jpeg_variants()
+    members = {"a.jpg": variants["baseline"], "b.jpg": variants["progressive"]}
+    write_zip(str(tmp_path / "stored.zip"), members)
+    packed = _deflated_member(variants["baseline"])
+    payloads = {name: _deflated_member(data) for name, data in members.items()}
+    payloads["cut.jpg"] = packed[: len(packed) // 2]
+    payloads["bad.jpg"] = b"\xff\xff\xff\xff" + packed[4:]  # a reserved block type
+    _zip_of_deflated(str(tmp_path / "deflated.zip"), payloads)
+    with ImageReader(str(tmp_path / "stored.zip"), size=24, crop="center") as reader:
+        want = reader.read([0, 1], seed=2).image
+    for compiled in (True, False):
+        with ImageReader(str(tmp_path / "deflated.zip"), size=24, crop="center") as reader:
+            reader._compiled = compiled
+            for broken in ("bad", "cut"):
+                position = list(payloads).index(f"{broken}.jpg")
+                with pytest.raises(ImageReadError, match=rf"deflated\.zip:{broken}\.jpg"):
+                    reader.read([0, position, 1], seed=2)
+            np.testing.assert_array_equal(reader.read([0, 1], seed=2).image, want)
+            assert ("seconds_pixels" in reader.stats()) == compiled
+
+
+def test_inflate_members_matches_zlib_and_refuses_what_zlib_refuses(tmp_path):
+    """The compiled inflate gives zlib's bytes for members read from a file or from a buffer,
+    empty and large ones (past its first output buffer) included, and -1 where zlib fails."""
+    from kohakuclip.decode._inflate import inflate_members, zlib_found
+
+    assert zlib_found()
+    rng = np.random.default_rng(7)
+    plain = [b"", b"x", rng.integers(0, 3, 5000, np.uint8).tobytes(), bytes(3_000_000)]
+    packed = [_deflated_member(p) for p in plain]
+    blob = b"".join(packed)
+    offsets = np.cumsum([0, *map(len, packed)])[:-1].tolist()
+    (tmp_path / "members").write_bytes(blob)
+    fd = os.open(tmp_path / "members", os.O_RDONLY)
+    try:
+        source = np.frombuffer(blob, np.uint8)
+        for fds, given in (([fd] * 4, None), ([-1] * 4, source)):
+            data, table = inflate_members(fds, offsets, [len(p) for p in packed], given)
+            for want, (start, length) in zip(plain, table.tolist(), strict=True):
+                assert bytes(data[start : start + length]) == want
+        damaged = [packed[2][: len(packed[2]) // 2], b"\xff" * 40, packed[3][:100]]
+        broken = np.frombuffer(b"".join(damaged), np.uint8)
+        starts = np.cumsum([0, *map(len, damaged)])[:-1].tolist()
+        data, table = inflate_members([-1] * 3, starts, [len(d) for d in damaged], broken)
+        for d, (start, length) in zip(damaged, table.tolist(), strict=True):
+            with pytest.raises(zlib.error):
+                zlib.decompress(d, -15)
+            assert (start, length) == (-1, -1)
+        data, table = inflate_members([fd], [len(blob) - 10], [100])  # past the file's end
+        assert table.tolist() == [[-1, -1]]
+    finally:
+        os.close(fd)
 
 
 def test_a_jpeg_decoding_to_another_size_than_its_header_is_never_cropped_silently(tmp_path):

@@ -1,7 +1,8 @@
 """Fuzzing: shards with random bytes changed in their samples, their index and their zip directory.
 
 Every mutated shard (video: AV1, H.264, HEVC members; image: JPEG members of an indexed shard,
-a plain tar and a folder, whose sizes compiled code reads from the JPEG headers) and GulpIO
+a plain tar, a folder and a zip made with compression, whose sizes compiled code reads from the
+JPEG headers, inflating the zip's members first) and GulpIO
 directory (JPEG records; ``.gmeta`` files, numbers changed as well as bytes, so that many stay
 valid JSON) is opened and read in a child process, video batches holding several clips of one
 video so that decoding groups are fuzzed too: a crash in compiled code (libdav1d, libavcodec,
@@ -192,7 +193,10 @@ def child(shard: str, work: str, seed: int) -> None:
 
 @pytest.fixture(
     scope="module",
-    params=["video zip", "video tar", "image zip", "image tar", "image folder", "gulp dir"],
+    params=[
+        *("video zip", "video tar", "image zip", "image tar", "image folder", "image deflated"),
+        "gulp dir",
+    ],
 )
 def shard(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     kind, container = request.param.split()
@@ -219,6 +223,11 @@ def shard(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
             for name in sorted(os.listdir(photos)):
                 tar.add(photos / name, arcname=name)
         return str(root / "image_plain.tar")
+    if container == "deflated":  # a zip made with compression: inflated in compiled code
+        with zipfile.ZipFile(root / "image_deflated.zip", "w", zipfile.ZIP_DEFLATED) as z:
+            for name in sorted(os.listdir(photos)):
+                z.write(photos / name, arcname=name)
+        return str(root / "image_deflated.zip")
     write_images(root / "out", [photos], max_short=64, min_short=0, progress=False)
     os.rename(root / "out" / "shard_00000.zip", root / "image_shard.zip")
     return str(root / "image_shard.zip")

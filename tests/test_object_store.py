@@ -372,6 +372,29 @@ def test_s3_images_the_compiled_path_leaves_are_fetched_once(s3, tmp_path):
     np.testing.assert_array_equal(batches[1], batches[0])
 
 
+def test_s3_deflated_zip_images_are_fetched_once_and_inflated_compiled(s3, tmp_path):
+    """A zip made with compression, in object storage: its JPEGs (and a PNG, which leaves the
+    compiled path after inflating) read as from the local zip, each member fetched once."""
+    from tests.image_media import write_zip
+    from tests.test_clips import _jpeg_variants
+
+    variants = _jpeg_variants()
+    members = {f"{name}.jpg": variants[name] for name in ("baseline", "progressive", "png")}
+    write_zip(str(tmp_path / "deflated.zip"), members, deflate=True)
+    with zipfile.ZipFile(tmp_path / "deflated.zip") as z:
+        packed = sum(info.compress_size for info in z.infolist())
+    obstore.put(s3, "deflated/photos.zip", (tmp_path / "deflated.zip").read_bytes())
+    batches = []
+    for source in (str(tmp_path / "deflated.zip"), f"s3://{BUCKET}/deflated/photos.zip"):
+        with ImageReader(source, size=32, hflip=0.5, threads=1) as r:
+            before = request_counts()
+            batches.append(r.read(range(len(members)), seed=4).image)
+            after = request_counts()
+            assert "seconds_pixels" in r.stats()
+    assert after["bytes"] - before["bytes"] == packed
+    np.testing.assert_array_equal(batches[1], batches[0])
+
+
 def _images(source: str, compiled: bool = True) -> tuple[np.ndarray, list]:
     with ImageReader(source, size=32, hflip=0.5, threads=2) as r:
         r._compiled = compiled

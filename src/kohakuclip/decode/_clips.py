@@ -27,15 +27,11 @@ Tables (int64):
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, NamedTuple
 
-import llvmlite.binding as llvm
 import numba
 import numpy as np
 from numba import carray, types
@@ -44,6 +40,7 @@ from kohakuclip.decode import _avcodec, _dav1d
 from kohakuclip.decode._copy import copy_bytes
 from kohakuclip.decode._dav1d import _voidptr
 from kohakuclip.decode._frame import MODES, Scratch, frame_taps, new_scratch, write_frame
+from kohakuclip.decode._syscalls import load_libc, read_fully
 
 __all__ = [
     "MISSING_FRAME",
@@ -90,15 +87,6 @@ Output = tuple[np.ndarray, Scratch, np.ndarray]
 """(the batch as uint8 [N, T, frame bytes], ``write_frame``'s scratch, [mode, size, window])."""
 
 
-@cache
-def _load_libc() -> None:
-    """Let compiled code call ``pread`` and ``clock_gettime`` by name."""
-    llvm.load_library_permanently(ctypes.util.find_library("c"))
-
-
-_pread: Any = types.ExternalFunction(
-    "pread", types.intp(types.int32, types.voidptr, types.uintp, types.int64)
-)
 _clock_gettime: Any = types.ExternalFunction(
     "clock_gettime", types.int32(types.int32, types.voidptr)
 )
@@ -116,18 +104,6 @@ def _now(clock: np.ndarray) -> int:
     """Thread CPU time in nanoseconds."""
     _clock_gettime(_THREAD_CPU_CLOCK, _voidptr(clock.ctypes.data))
     return clock[0] * 1_000_000_000 + clock[1]
-
-
-@numba.njit(inline="always")
-def _read_fully(fd: int, buf: np.ndarray, length: int, offset: int) -> bool:
-    """``length`` bytes at ``offset`` into ``buf``; False when the file ends first."""
-    done = 0
-    while done < length:
-        got = _pread(fd, _voidptr(buf.ctypes.data + done), length - done, offset + done)
-        if got <= 0:
-            return False
-        done += got
-    return True
 
 
 _PROBE_WINDOW = 4096  # bytes read at a time while walking a JPEG's marker segments
@@ -154,7 +130,7 @@ def _jpeg_size(
             base = pos
             have = min(len(window), size - pos)
             if fd >= 0:
-                if not _read_fully(fd, window, have, offset + pos):
+                if not read_fully(fd, window, have, offset + pos):
                     return 0, 0
             elif offset + pos + have <= len(source):
                 copy_bytes(window[:have], source[offset + pos : offset + pos + have])
@@ -230,7 +206,7 @@ def open_jpeg_files(paths: Sequence[str]) -> np.ndarray:
     Args:
         paths: the files.
     """
-    _load_libc()
+    load_libc()
     encoded = [os.fsencode(p) + b"\0" for p in paths]
     starts = np.zeros(len(encoded), np.int64)
     starts[1:] = np.cumsum([len(e) for e in encoded[:-1]])
@@ -274,7 +250,7 @@ def jpeg_sizes(
         sizes: each image's stored bytes.
         source: uint8, the bytes of the images whose descriptor is -1.
     """
-    _load_libc()
+    load_libc()
     out = np.zeros((len(fds), 2), np.int64)
     fd, offset, size = (np.asarray(a, np.int64) for a in (fds, offsets, sizes))
     fetched = np.zeros(0, np.uint8) if source is None else source
@@ -287,7 +263,7 @@ def _read_gop(fd: int, gop: np.ndarray, fetched: np.ndarray, buf: np.ndarray) ->
     """A GOP's bytes into ``buf``: from the descriptor, or copied from ``fetched``."""
     length = gop[1]
     if fd >= 0:
-        return _read_fully(fd, buf, length, gop[0])
+        return read_fully(fd, buf, length, gop[0])
     start = gop[GOP_FETCHED]
     if start < 0 or start + length > len(fetched):
         return False
@@ -699,6 +675,7 @@ class ShareTables:
     matrices: list[np.ndarray] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     remote: list[tuple[Any, int]] = field(default_factory=list)  # (object, gops row) to fetch
+    given: list[tuple[Any, int]] = field(default_factory=list)  # (bytes, gops row) handed in
     fetched: np.ndarray = field(default_factory=lambda: np.zeros(1, np.uint8))
     longest_read: int = 0
     longest: int = 0  # the longest side of any crop window: rows of the resize scratch
@@ -724,6 +701,7 @@ class ShareTables:
         remote: Any = None,
         followers: Sequence[Follower] = (),
         picture: tuple[int, int] | None = None,
+        data: Any = None,
     ) -> None:
         """Append one planned clip (``plan``: a ``plan_types.ClipPlan``) bound for batch
         ``slot``; ``crop`` in the decoded picture's pixels; ``decoder``: the row of the
@@ -735,13 +713,16 @@ class ShareTables:
         computed once for the group). Raises ``ValueError``, adding nothing, when one has not.
         ``picture``: the (width, height) the decoder must output (libavcodec's drivers report
         ``WRONG_SIZE`` for any other): for sizes read from a header, which a damaged stream
-        may contradict.
+        may contradict. ``data``: the bytes of the plan's one read, handed in (an image
+        inflated from a deflated zip member; ``fd`` is then ignored), placed by ``fetch``.
         """
+        if data is not None and len(plan.reads) != 1:
+            raise ValueError("bytes handed in stand for exactly one read")
         for follower in followers:
             other = follower.crop
             if other[2:] != crop[2:] or other[0] % 2 != crop[0] % 2 or other[1] % 2 != crop[1] % 2:
                 raise ValueError(f"a follower's crop {other} differs in size from {crop}")
-        fd = -1 if remote is not None else fd
+        fd = -1 if remote is not None or data is not None else fd
         row = [0] * CLIP_FIELDS
         row[FD], row[SLOT] = fd, slot
         row[CROP : CROP + 8] = [*crop, int(flips[0]), int(flips[1]), 1, 1]
@@ -758,6 +739,8 @@ class ShareTables:
                 self.pieces.extend(piece_list)
             if remote is not None:
                 self.remote.append((remote, len(self.gops)))
+            elif data is not None:
+                self.given.append((data, len(self.gops)))
             self.gops.append([gop.offset, gop.length, first_packet, len(self.packets), -1])
             self.longest_read = max(self.longest_read, gop.length + len(prefix))
         row[GOP_END] = len(self.gops)
@@ -794,8 +777,9 @@ class ShareTables:
     def fetch(self, fetched: dict[tuple[str, int, int], Any] | None = None) -> int:
         """Read every remote GOP range of the share into ``fetched`` (concurrent ranged GETs,
         touching ranges coalesced; ranges found in ``fetched``, keyed by (URL, offset, length),
-        are taken from it); returns the bytes. Raises ``ObjectStoreError``."""
-        if not self.remote:
+        are taken from it), the bytes handed in (``add``'s ``data``) after them; returns the
+        bytes of the remote ranges. Raises ``ObjectStoreError``."""
+        if not self.remote and not self.given:
             return 0
         from kohakuclip.storage.remote import gather_into
 
@@ -803,10 +787,23 @@ class ShareTables:
             (obj, self.gops[row][0], self.gops[row][0] + self.gops[row][1])
             for obj, row in self.remote
         ]
-        self.fetched, starts = gather_into(wanted, fetched)
-        for (_, row), start in zip(self.remote, starts):
+        remote_bytes = sum(b - a for _, a, b in wanted)
+        starts: list[int] = []
+        if wanted:
+            self.fetched, starts = gather_into(wanted, fetched)
+        if self.given:
+            end = remote_bytes
+            for data, _ in self.given:
+                starts.append(end)
+                end += len(data)
+            # bytes.join copies with the GIL held throughout (numpy's copies of arrays this
+            # size release and retake it, once per image); a bytearray: writable for the drivers
+            parts = [self.fetched.data[:remote_bytes]] if wanted else []
+            joined = bytearray().join([*parts, *(data for data, _ in self.given)])
+            self.fetched = np.frombuffer(joined, np.uint8)
+        for (_, row), start in zip(self.remote + self.given, starts):
             self.gops[row][GOP_FETCHED] = start
-        return len(self.fetched)
+        return remote_bytes
 
     def _matrix_row(self, matrix: np.ndarray) -> int:
         key = matrix.tobytes()
@@ -843,7 +840,7 @@ class _Driver:
     to share), and thread CPU time per stage."""
 
     def __init__(self) -> None:
-        _load_libc()
+        load_libc()
         self.buf = np.zeros(1 << 20, np.uint8)
         self.seconds = np.zeros(len(STAGES), np.int64)
         self._scratch: Scratch | None = None

@@ -363,7 +363,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             for i in group:
                 try:
                     tables, stored[i] = self._add_jpeg(
-                        batch, i, seed, files, descriptors, tables, probed.get(i)
+                        batch, i, seed, files, descriptors, tables, probed.get(i), fetched.get(i)
                     )
                 except _NotCompiled:
                     later[i] = _body(fetched, i)
@@ -372,7 +372,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             if tables is None:
                 return
             try:
-                tables.fetch(dict(fetched.values()))
+                tables.fetch({f.key: f.data for f in fetched.values() if f.key is not None})
             except ObjectStoreError as e:
                 for i in tables.slots:
                     errors[i] = e
@@ -411,19 +411,27 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         (tar and plain zip members, gulp frames, image files in folders, locally or in object
         storage) and that are JPEGs the compiled path decodes, read from their headers in
         compiled calls (files of a folder are opened there too, and closed when ``descriptors``
-        closes; objects are fetched first, and their bytes returned by position, whatever
-        they hold: both paths take them from there)."""
+        closes; objects are fetched first, and deflated zip members inflated, and their bytes
+        returned by position, whatever they hold: both paths take them from there)."""
         if not (self._compiled and avcodec_found()):
             return {}, {}
+        from kohakuclip.decode._inflate import zlib_found
+
         members: list[tuple[int, int, int, int]] = []  # (position, fd, offset, size)
         loose: list[tuple[int, str]] = []  # (position, path)
         remote: list[tuple[int, ImageLocation]] = []
+        deflated: list[tuple[int, ImageLocation, int]] = []  # (position, location, fd)
         for i in share:
             try:
                 loc = self._catalog.locate(batch.items[i])
-                if loc.width != 0 or loc.codec not in ("", "jpeg") or loc.compressed:
+                if loc.width != 0 or loc.codec not in ("", "jpeg"):
                     continue
-                if loc.remote is not None and loc.size > 0:
+                if loc.compressed:
+                    if loc.size > 0 and zlib_found():
+                        local = loc.remote is None
+                        fd = descriptors.enter_context(files.open(loc.path)) if local else -1
+                        deflated.append((i, loc, fd))
+                elif loc.remote is not None and loc.size > 0:
                     remote.append((i, loc))
                 elif loc.remote is None and loc.size > 0:
                     fd = descriptors.enter_context(files.open(loc.path))
@@ -446,6 +454,8 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             for (i, _), (w, h, fd, size) in zip(loose, opened, strict=True):
                 found[i] = _Header(w, h, fd, size)
         fetched = self._probe_fetched(remote, found) if remote else {}
+        if deflated:
+            fetched.update(self._probe_inflated(deflated, found))
         headers = {
             i: header
             for i, header in found.items()
@@ -483,6 +493,44 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             )
         return fetched
 
+    @staticmethod
+    def _probe_inflated(
+        deflated: list[tuple[int, ImageLocation, int]], found: dict[int, _Header]
+    ) -> dict[int, _Fetched]:
+        """Inflate deflated zip members (those in object storage fetched first) and size them
+        from their bytes into ``found``, in compiled calls; returns the inflated bytes by
+        position. What fails to fetch or inflate is left to the Python path, which reports it."""
+        from kohakuclip.decode import _clips
+        from kohakuclip.decode._inflate import inflate_members
+        from kohakuclip.storage.remote import gather_into
+
+        wanted = []
+        for _, loc, _ in deflated:
+            if loc.remote is not None:
+                wanted.append((loc.remote, loc.offset, loc.offset + loc.size))
+        try:
+            source, starts = gather_into(wanted) if wanted else (None, [])
+        except ObjectStoreError:
+            deflated = [d for d in deflated if d[1].remote is None]
+            source, starts = None, []
+        fetched_at = iter(starts)
+        offsets = [loc.offset if loc.remote is None else next(fetched_at) for _, loc, _ in deflated]
+        data, table = inflate_members(
+            [fd for _, _, fd in deflated], offsets, [loc.size for _, loc, _ in deflated], source
+        )
+        done = [(i, int(start), int(length)) for (i, _, _), (start, length) in zip(
+            deflated, table.tolist(), strict=True) if length > 0]  # fmt: skip
+        if not done:
+            return {}
+        sized = _clips.jpeg_sizes(
+            [-1] * len(done), [d[1] for d in done], [d[2] for d in done], data
+        )
+        inflated: dict[int, _Fetched] = {}
+        for (i, start, length), (w, h) in zip(done, sized.tolist(), strict=True):
+            found[i] = _Header(w, h, -1, length)
+            inflated[i] = _Fetched(None, data[start : start + length].data)
+        return inflated
+
     def _add_jpeg(
         self,
         batch: ImageBatch,
@@ -492,16 +540,19 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         descriptors: ExitStack,
         tables: ShareTables | None,
         probed: _Header | None = None,
+        fetched: _Fetched | None = None,
     ) -> tuple[ShareTables, int]:
         """Plan image ``i`` into the compiled JPEG tables (returned, with the bytes it reads);
-        raises _NotCompiled for what the Python path takes (other codecs, deflated members,
-        sizes neither in the index nor ``probed`` from the JPEG's header)."""
+        raises _NotCompiled for what the Python path takes (other codecs, deflated members not
+        inflated already, sizes neither in the index nor ``probed`` from the JPEG's header).
+        ``fetched``: its bytes from the probe (inflated ones are handed to the tables)."""
         loc = self._catalog.locate(batch.items[i])
         width, height, size = loc.width, loc.height, loc.size
         if probed is not None:
             width, height, size = probed.width, probed.height, probed.size
+        inflated = fetched.data if fetched is not None and fetched.key is None else None
         jpeg = loc.codec == "jpeg" or probed is not None
-        stored = size > 0 and not loc.compressed and width > 0
+        stored = size > 0 and (inflated is not None or not loc.compressed) and width > 0
         if not (self._compiled and jpeg and stored and avcodec_found()):
             raise _NotCompiled
         if width > _JPEG_MAX_SIDE or height > _JPEG_MAX_SIDE:
@@ -521,7 +572,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             from kohakuclip.decode._clips import ShareTables
 
             tables = ShareTables(self.mode, self.size, self.yuv_size)
-        if loc.remote is not None:
+        if loc.remote is not None or inflated is not None:
             fd = -1
         elif probed is not None:
             fd = probed.fd
@@ -535,8 +586,9 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             (hflip, vflip),
             _JPEG_MATRIX,
             decoder=d.bit_length() - 1,
-            remote=loc.remote,
+            remote=loc.remote if inflated is None else None,
             picture=(-(-width // d), -(-height // d)),
+            data=inflated,
         )
         # the 128-filled chroma plane of gray pictures, sized from the index but bounded: a
         # damaged index must not allocate gigabytes (a larger gray picture takes the PyAV path)
@@ -566,8 +618,8 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         files: FileCache,
         data: bytes | None = None,
     ) -> None:
-        """One image through PyAV, libdav1d or Pillow (``data``: its stored bytes, when
-        fetched already)."""
+        """One image through PyAV, libdav1d or Pillow (``data``: its bytes, when fetched or
+        inflated already)."""
         decoder, seconds = worker.decoder, worker.seconds
         loc = self._catalog.locate(batch.items[i])
         start = thread_time()
@@ -600,16 +652,17 @@ class _NotCompiled(Exception):
 
 
 class _Fetched(NamedTuple):
-    """An image's bytes fetched from object storage, and its key for ``ShareTables.fetch``:
-    (URL, offset, size)."""
+    """An image's bytes from the probe: fetched from object storage, with their key for
+    ``ShareTables.fetch`` (URL, offset, size), or inflated from a deflated zip member (no
+    key: handed to the tables as they are)."""
 
-    key: tuple[str, int, int]
+    key: tuple[str, int, int] | None
     data: memoryview
 
 
 def _body(fetched: dict[int, _Fetched], i: int) -> bytes | None:
-    """Image ``i``'s fetched bytes as a copy (none: not fetched), so that the batch's fetch
-    buffer can go."""
+    """Image ``i``'s fetched (or inflated) bytes as a copy (none: neither), so that the
+    probe's buffer can go."""
     return bytes(fetched[i].data) if i in fetched else None
 
 
