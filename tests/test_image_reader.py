@@ -233,6 +233,37 @@ def test_damaged_deflated_members_are_named_and_the_rest_read(tmp_path):
             assert ("seconds_pixels" in reader.stats()) == compiled
 
 
+def test_a_member_inflating_past_the_limit_is_refused_on_both_paths(tmp_path, monkeypatch):
+    """A deflated member that inflates to more than MAX_INFLATED_MEMBER (a zip bomb; here a
+    lowered limit) is named, not inflated whole; the other images read."""
+    from tests.test_clips import _jpeg_variants
+
+    limit = 1 << 20
+    monkeypatch.setattr("kohakuclip.decode._inflate.MAX_INFLATED_MEMBER", limit)
+    monkeypatch.setattr("kohakuclip.storage.image_resolve.MAX_INFLATED_MEMBER", limit)
+    good = _jpeg_variants()["baseline"]
+    bomb = good[:-2] + bytes(2 * limit) + b"\xff\xd9"  # zeros before the end marker
+    write_zip(str(tmp_path / "bomb.zip"), {"a.jpg": good, "bomb.jpg": bomb}, deflate=True)
+    for compiled in (True, False):
+        with ImageReader(str(tmp_path / "bomb.zip"), size=16, crop="center") as reader:
+            reader._compiled = compiled
+            with pytest.raises(ImageReadError, match=rf"bomb\.jpg: inflates to over {limit}"):
+                reader.read([0, 1], seed=0)
+            assert reader.read([0], seed=0).image.any()
+
+
+def test_a_directory_size_past_the_archive_is_refused_at_open(tmp_path):
+    """A central directory entry whose compressed size runs past the end of the archive (it
+    would size the buffers a share reads into) is refused when the zip is listed."""
+    write_zip(str(tmp_path / "a.zip"), {"a.jpg": b"x" * 100, "b.jpg": b"y" * 100}, deflate=True)
+    archive = bytearray((tmp_path / "a.zip").read_bytes())
+    entry = archive.index(b"PK\x01\x02")  # the first member's directory entry
+    archive[entry + 20 : entry + 24] = (1 << 30).to_bytes(4, "little")  # its compressed size
+    (tmp_path / "a.zip").write_bytes(bytes(archive))
+    with pytest.raises(ImageSourceError, match=r"a\.zip: member 'a\.jpg' runs past the end"):
+        ImageReader(str(tmp_path / "a.zip"))
+
+
 def test_inflate_members_matches_zlib_and_refuses_what_zlib_refuses(tmp_path):
     """The compiled inflate gives zlib's bytes for members read from a file or from a buffer,
     empty and large ones (past its first output buffer) included, and -1 where zlib fails."""

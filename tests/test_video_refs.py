@@ -57,6 +57,24 @@ def test_negative_indices_and_slices_read_as_a_list_would() -> None:
         columns[-len(refs) - 1]
 
 
+def test_many_prefixes_and_fields_out_of_range() -> None:
+    """Thousands of distinct decoder prefixes (sizes, encoder settings) beside few codecs;
+    a field the columns cannot hold is refused naming the video, and nothing of it is kept."""
+    refs = [VideoRef(0, f"{k}.mp4", _entry(f"{k}.mp4", k, prefix=f"{k:06x}")) for k in range(3000)]
+    refs.append(VideoRef(1, "last.mp4", _entry("last.mp4", 4, codec="hevc", colorspace="bt709")))
+    columns = VideoRefs(refs)
+    assert list(columns) == refs
+    for bad in (
+        _entry("x.mp4", 1, h=2**31),
+        _entry("x.mp4", 1, fps=None),
+        _entry("x.mp4", 1, codec=None),
+    ):
+        with pytest.raises(ValueError, match=r"video 'x\.mp4'"):
+            columns.append(VideoRef(0, "x.mp4", bad))
+        assert len(columns) == len(refs) and list(columns[-2:]) == refs[-2:]
+        assert columns.nbytes() == VideoRefs(refs).nbytes()
+
+
 def test_an_entry_for_another_member_is_refused() -> None:
     with pytest.raises(ValueError, match=r"names 'b\.mp4'"):
         VideoRefs([VideoRef(0, "a.mp4", _entry("b.mp4", 1))])
@@ -106,6 +124,6 @@ def test_a_hundred_thousand_videos_take_a_fraction_of_their_objects_memory() -> 
         tracemalloc.stop()
     assert columns[count - 1] == as_objects[-1]
     name_bytes = len(as_objects[0].member)
-    assert columns.nbytes() == count * (name_bytes + 52)
+    assert columns.nbytes() == count * (name_bytes + 58)
     assert columns_bytes < 1.2 * columns.nbytes()
     assert columns_bytes < objects_bytes / 3

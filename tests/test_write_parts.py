@@ -16,11 +16,22 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import kohakuclip
-from kohakuclip import ClipError, MergeError, Part, Reader, Source, WriteError, merge, write_videos
+from kohakuclip import (
+    ClipError,
+    MergeError,
+    Part,
+    Reader,
+    Source,
+    SourceError,
+    WriteError,
+    merge,
+    write_videos,
+)
 from kohakuclip import cli as kohakuclip_cli
 from kohakuclip.formats import INDEX_MEMBER
 from kohakuclip.storage.index import VideoIndex
@@ -190,6 +201,21 @@ def test_a_full_range_video_reads_alike_through_the_view_and_its_shard(parts, tm
     pq.write_table(older, copy / "manifest.parquet")  # merged before the column: limited range
     with Reader(copy, size=32) as view:
         assert not view.read(clip).full_range[0]
+
+
+def test_a_merged_manifest_with_a_missing_value_is_named(parts, tmp_path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(parts, copy)
+    table = pq.read_table(copy / "manifest.parquet")
+    fps = table.column("fps").to_pylist()
+    fps[2] = None
+    table = table.set_column(table.column_names.index("fps"), "fps", pa.array(fps, pa.float64()))
+    pq.write_table(table, copy / "manifest.parquet")
+    member = table.column("member")[2].as_py()
+    with pytest.raises(
+        SourceError, match=rf"copy: video '{member}': a missing or out-of-range field"
+    ):
+        Reader(copy, size=32)
 
 
 def test_view_reader_names_a_shard_replaced_after_the_merge(parts, tmp_path) -> None:

@@ -48,6 +48,7 @@ __all__ = [
     "INDEX_MEMBER",
     "INDEX_VERSION",
     "MANIFEST_FILE",
+    "MAX_INFLATED_MEMBER",
     "PART_PREFIX",
     "SHARD_SUFFIXES",
     "SKIPPED_FILE",
@@ -320,6 +321,9 @@ assert IMAGE_RECORD.itemsize == 24
 
 IMAGE_CODECS: tuple[str, ...] = ("jpeg", "av1", "jxl", "webp", "png")
 """Image codec ids: the position in this tuple is the byte stored in IMAGE_RECORD.codec."""
+
+MAX_INFLATED_MEMBER = 1 << 28
+"""Bytes a deflated zip member may inflate to; the readers refuse a larger one (a zip bomb)."""
 
 COLOR_BT709 = 1
 COLOR_FULL_RANGE = 2

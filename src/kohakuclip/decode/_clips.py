@@ -796,8 +796,8 @@ class ShareTables:
             for data, _ in self.given:
                 starts.append(end)
                 end += len(data)
-            # bytes.join copies with the GIL held throughout (numpy's copies of arrays this
-            # size release and retake it, once per image); a bytearray: writable for the drivers
+            # one bytes.join: one GIL hand-off at most (CPython releases it for large joins),
+            # where numpy's copies release and retake it once per image; a bytearray: writable
             parts = [self.fetched.data[:remote_bytes]] if wanted else []
             joined = bytearray().join([*parts, *(data for data, _ in self.given)])
             self.fetched = np.frombuffer(joined, np.uint8)

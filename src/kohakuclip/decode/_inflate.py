@@ -1,7 +1,8 @@
 """Deflated zip members inflated in compiled code, with the GIL released.
 
 Zips made with compression (``zip``, ``shutil.make_archive``) deflate every member, JPEGs too.
-zlib's ``inflate``, called by name from the ``libz.so.1`` that PyAV's libavcodec links, inflates
+zlib's ``inflate``, called by name from the system's zlib (``libz.so.1`` on Linux, which PyAV's
+libavcodec links too), inflates
 a group of members in one compiled call, read with ``pread`` or taken from bytes fetched from
 object storage, so that their images take the compiled JPEG decode without a GIL hand-off each
 (``zlib.decompress`` releases and retakes the GIL per call, and each retake waits behind a busy
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import sys
 import zlib
 from collections.abc import Sequence
 from functools import cache
@@ -25,11 +27,9 @@ from numba import types
 from kohakuclip.decode._copy import copy_bytes
 from kohakuclip.decode._dav1d import _voidptr
 from kohakuclip.decode._syscalls import load_libc, read_fully
+from kohakuclip.formats import MAX_INFLATED_MEMBER
 
-__all__ = ["MAX_INFLATED", "inflate_members", "zlib_found"]
-
-MAX_INFLATED = 1 << 28
-"""Bytes one member may inflate to; a larger one is left to the Python path (which names it)."""
+__all__ = ["inflate_members", "zlib_found"]
 
 _Z_STREAM_WORDS = 14  # sizeof(z_stream) on LP64 platforms, in 8-byte words (112 bytes)
 _NEXT_IN, _AVAIL_IN, _NEXT_OUT, _AVAIL_OUT = 0, 1, 3, 4  # z_stream fields, by word
@@ -48,8 +48,11 @@ _VERSION = np.frombuffer(zlib.ZLIB_VERSION.encode() + b"\0", np.uint8)  # inflat
 
 @cache
 def zlib_found() -> bool:
-    """True when compiled code can call zlib (an LP64 platform whose libz loads)."""
+    """True when compiled code can call zlib (a little-endian LP64 platform whose libz
+    loads: the z_stream fields are written as 8-byte words)."""
     if ctypes.sizeof(ctypes.c_long) != 8 or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return False
+    if sys.byteorder != "little":
         return False
     name = ctypes.util.find_library("z")
     if name is None:
@@ -91,9 +94,9 @@ def _inflate_all(
         if fds[i] >= 0:
             if not read_fully(fds[i], packed, size, offset):
                 continue
-            address = packed.ctypes.data
+            address = np.int64(packed.ctypes.data)
         elif offset >= 0 and offset + size <= len(source):
-            address = source.ctypes.data + offset
+            address = np.int64(source.ctypes.data) + offset
         else:
             continue
         if _inflate_reset(handle) != _Z_OK:
@@ -131,7 +134,8 @@ def inflate_members(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Raw-deflate zip members inflated in one compiled call (no GIL): the bytes, one after
     another, and int64 [N, 2] (start, length) per member, -1 where it could not be read or
-    inflated (damaged, truncated, larger than ``MAX_INFLATED``). Needs ``zlib_found()``.
+    inflated (damaged, truncated, larger than ``formats.MAX_INFLATED_MEMBER``). Needs
+    ``zlib_found()``.
 
     Args:
         fds: a descriptor per member, or -1: its bytes are in ``source``.
@@ -143,5 +147,5 @@ def inflate_members(
     table = np.empty((len(fds), 2), np.int64)
     fd, offset, size = (np.asarray(a, np.int64).reshape(-1) for a in (fds, offsets, sizes))
     fetched = np.zeros(0, np.uint8) if source is None else source
-    data = _inflate_all(fd, offset, size, fetched, _VERSION, MAX_INFLATED, table)
+    data = _inflate_all(fd, offset, size, fetched, _VERSION, MAX_INFLATED_MEMBER, table)
     return data, table

@@ -594,7 +594,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         # damaged index must not allocate gigabytes (a larger gray picture takes the PyAV path)
         shrunk = [min(-(-side // d), _GRAY_PLANE_SIDE) for side in (height, width)]
         tables.gray = (max(tables.gray[0], shrunk[0]), max(tables.gray[1], shrunk[1]))
-        return tables, size
+        return tables, size if inflated is None else loc.size
 
     def _where(self, image_id: int, loc: ImageLocation | None = None) -> str:
         """How an error names the image: ``ImageCatalog.where``, or where a shard too broken

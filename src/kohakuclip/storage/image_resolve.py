@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kohakuclip.formats import IMAGE_CODECS
+from kohakuclip.formats import IMAGE_CODECS, MAX_INFLATED_MEMBER
 from kohakuclip.gulp.index import GulpIndex
 from kohakuclip.storage.files import FileCache, open_regular
 from kohakuclip.storage.image_index import load_image_index, map_image_index
@@ -171,8 +171,16 @@ def read_image(loc: ImageLocation, files: FileCache) -> bytes:
     if len(data) != loc.size:
         raise ImageSourceError(f"{loc.where}: truncated ({len(data)} of {loc.size} bytes)")
     if loc.compressed:
+        inflater = zlib.decompressobj(-15)
         try:
-            return zlib.decompress(data, -15)
+            inflated = inflater.decompress(data, MAX_INFLATED_MEMBER + 1)
         except zlib.error as e:
             raise ImageSourceError(f"{loc.where}: cannot inflate member ({e})") from None
+        if len(inflated) > MAX_INFLATED_MEMBER:
+            raise ImageSourceError(
+                f"{loc.where}: inflates to over {MAX_INFLATED_MEMBER} bytes (a zip bomb?)"
+            )
+        if not inflater.eof:
+            raise ImageSourceError(f"{loc.where}: cannot inflate member (its data ends early)")
+        return inflated
     return data

@@ -551,7 +551,7 @@ def gather_into(
     got = iter(fetch_ranges(missing))
     views = [ready[key] if key in ready else next(got) for key in keys]
     starts = np.cumsum([0, *(len(v) for v in views)]).tolist()
-    # one bytes.join: no GIL hand-off per range (numpy's copies release and retake it)
+    # one bytes.join: one GIL hand-off at most, not one per range as numpy's copies make
     joined = bytearray().join(views) if starts[-1] else bytearray(1)
     return np.frombuffer(joined, np.uint8), starts[:-1]
 

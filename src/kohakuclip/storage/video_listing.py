@@ -146,6 +146,14 @@ class _Lister:
         self.videos = VideoRefs()
 
     def add(self, path: str) -> None:
+        try:
+            self._add(path)
+        except SourceError:
+            raise
+        except ValueError as e:  # a video the listing's columns refuse (VideoRefs.append)
+            raise SourceError(f"{path}: {e}") from None
+
+    def _add(self, path: str) -> None:
         path = local_path(path)
         if is_url(path):
             try:

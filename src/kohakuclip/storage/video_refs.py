@@ -3,7 +3,7 @@
 A reader lists every video of its sources once, and each DataLoader worker holds that listing.
 One Python object per video (a ``VideoRef`` and its ``VideoEntry``: about 300 bytes, a million
 videos 0.3 GB) would also be copied into every forked worker page by page, as reference counts
-are written when objects are read. ``VideoRefs`` keeps the same facts in flat arrays (52 bytes a
+are written when objects are read. ``VideoRefs`` keeps the same facts in flat arrays (58 bytes a
 video plus its name) and builds a ``VideoRef`` when one is asked for.
 """
 
@@ -13,7 +13,7 @@ import sys
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import cast, overload
+from typing import Any, cast, overload
 
 import numpy as np
 
@@ -68,33 +68,51 @@ class VideoRefs(Sequence[VideoRef]):
         self._fps = array("d")
         self._h = array("i")
         self._w = array("i")
-        self._codec = array("B")
-        self._colorspace = array("B")
+        self._codec = array("i")
+        self._colorspace = array("i")
         self._prefix = array("i")
         self._full_range = array("b")
         self._strings = _Strings()
         self.extend(refs)
 
     def append(self, ref: VideoRef) -> None:
-        """Add one video at the end."""
-        self._source.append(ref.source)
-        self._names += ref.member.encode("utf-8", _NAME_ERRORS)
-        self._name_end.append(len(self._names))
+        """Add one video at the end.
+
+        Raises:
+            ValueError: a field the columns cannot hold (a damaged index or manifest: sizes
+                past 2**31, a missing value), naming the video; nothing is added then.
+        """
         e = ref.entry
-        self._entry.append(e is not None)
-        if e is None:
-            e = _NO_ENTRY
-        elif e.member != ref.member:
+        if e is not None and e.member != ref.member:
             raise ValueError(f"the entry of {ref.member!r} names {e.member!r}")
-        self._row.append(e.row)
-        self._n.append(e.n)
-        self._fps.append(e.fps)
-        self._h.append(e.h)
-        self._w.append(e.w)
-        self._codec.append(self._strings.number(e.codec))
-        self._colorspace.append(self._strings.number(e.colorspace))
-        self._prefix.append(self._strings.number(e.prefix))
-        self._full_range.append(e.full_range)
+        fields = _NO_ENTRY if e is None else e
+        name = ref.member.encode("utf-8", _NAME_ERRORS)
+        grown: list[array[Any]] = []  # the columns grown so far, shrunk again on an error
+        try:
+            row: list[tuple[array[Any], Any]] = [
+                (self._source, ref.source),
+                (self._entry, e is not None),
+                (self._row, fields.row),
+                (self._n, fields.n),
+                (self._fps, fields.fps),
+                (self._h, fields.h),
+                (self._w, fields.w),
+                (self._codec, self._strings.number(fields.codec)),
+                (self._colorspace, self._strings.number(fields.colorspace)),
+                (self._prefix, self._strings.number(fields.prefix)),
+                (self._full_range, bool(fields.full_range)),
+            ]
+            for column, value in row:
+                column.append(value)
+                grown.append(column)
+        except (OverflowError, TypeError) as error:
+            for column in grown:
+                column.pop()
+            raise ValueError(
+                f"video {ref.member!r}: a missing or out-of-range field ({error})"
+            ) from None
+        self._names += name
+        self._name_end.append(len(self._names))
 
     def extend(self, refs: Iterable[VideoRef]) -> None:
         """Add videos at the end, in order."""

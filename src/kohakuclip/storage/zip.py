@@ -134,12 +134,20 @@ def _entries(cd: bytes, count: int, path: str) -> Iterator[tuple[str, int, int, 
         pos = start + name_len + extra_len + comment_len
 
 
-def _data_offset(fd: RangedFile, local: int, path: str, name: str) -> int:
+def _data_offset(fd: RangedFile, local: int, path: str, name: str, size: int) -> int:
+    """Where the ``size`` bytes of member ``name`` start (its local header at ``local``), which
+    must lie inside the archive: sizes from a damaged directory would otherwise size buffers."""
     head = _read_at(fd, local, _LOCAL_HEADER.size, path)
     fields = _LOCAL_HEADER.unpack(head)
     if fields[0] != b"PK\x03\x04":
         raise ArchiveError(f"{path}: corrupt local header for member {name!r}")
-    return local + _LOCAL_HEADER.size + fields[9] + fields[10]
+    offset = local + _LOCAL_HEADER.size + fields[9] + fields[10]
+    if offset + size > fd.size:
+        raise ArchiveError(
+            f"{path}: member {name!r} runs past the end of the archive "
+            f"({offset + size} > {fd.size} bytes: a damaged central directory)"
+        )
+    return offset
 
 
 @contextmanager
@@ -162,7 +170,7 @@ def list_zip(source: str | os.PathLike[str] | RangedFile) -> list[Member]:
                 continue
             if method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
                 raise ArchiveError(f"{path}: member {name!r} uses unsupported compression {method}")
-            offset = _data_offset(fd, local, path, name)
+            offset = _data_offset(fd, local, path, name, csize)
             out.append(Member(name, offset, csize, method == zipfile.ZIP_DEFLATED))
         return out
 
@@ -185,7 +193,7 @@ def find_zip_member(
                     _, method, csize, local = next(_entries(cd[head:], 1, path))
                     if method != zipfile.ZIP_STORED and stored_only:
                         raise ArchiveError(f"{path}: member {name!r} must be stored")
-                    offset = _data_offset(fd, local, path, name)
+                    offset = _data_offset(fd, local, path, name, csize)
                     return Member(name, offset, csize, method != zipfile.ZIP_STORED)
             pos = cd.rfind(key, 0, pos)
         return None
