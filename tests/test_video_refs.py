@@ -73,6 +73,11 @@ def test_many_prefixes_and_fields_out_of_range() -> None:
             columns.append(VideoRef(0, "x.mp4", bad))
         assert len(columns) == len(refs) and list(columns[-2:]) == refs[-2:]
         assert columns.nbytes() == VideoRefs(refs).nbytes()
+    with pytest.raises(ValueError, match="without a name"):
+        columns.append(VideoRef(0, None, _entry(None, 1)))  # type: ignore[arg-type]
+    fresh = VideoRef(2, "fresh.mp4", _entry("fresh.mp4", 5, prefix="never-seen"))
+    columns.append(fresh)  # the strings table is whole after the refusals
+    assert list(columns[-3:]) == [*refs[-2:], fresh]
 
 
 def test_an_entry_for_another_member_is_refused() -> None:

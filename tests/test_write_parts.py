@@ -203,18 +203,19 @@ def test_a_full_range_video_reads_alike_through_the_view_and_its_shard(parts, tm
         assert not view.read(clip).full_range[0]
 
 
-def test_a_merged_manifest_with_a_missing_value_is_named(parts, tmp_path) -> None:
+@pytest.mark.parametrize("column", ["fps", "frames", "codec", "member"])
+def test_a_merged_manifest_with_a_missing_value_is_named(parts, tmp_path, column) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(parts, copy)
     table = pq.read_table(copy / "manifest.parquet")
-    fps = table.column("fps").to_pylist()
-    fps[2] = None
-    table = table.set_column(table.column_names.index("fps"), "fps", pa.array(fps, pa.float64()))
-    pq.write_table(table, copy / "manifest.parquet")
     member = table.column("member")[2].as_py()
-    with pytest.raises(
-        SourceError, match=rf"copy: video '{member}': a missing or out-of-range field"
-    ):
+    values = table.column(column).to_pylist()
+    values[2] = None
+    where = table.column_names.index(column)
+    table = table.set_column(where, column, pa.array(values, table.schema.field(column).type))
+    pq.write_table(table, copy / "manifest.parquet")
+    named = "a video without a name" if column == "member" else rf"video '{member}': a missing"
+    with pytest.raises(SourceError, match=rf"copy: {named}"):
         Reader(copy, size=32)
 
 

@@ -348,8 +348,8 @@ class _Lister:
                     colorspace=columns["colorspace"][i],
                     full_range=bool(full_range[i]),
                 )
-                row += entry.n
                 self.videos.append(VideoRef(sid, entry.member, entry))
+                row += entry.n
         if start != len(table):
             raise SourceError(f"{manifest}: {len(table)} rows, the view lists {start} videos")
 

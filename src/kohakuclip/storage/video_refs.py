@@ -41,8 +41,15 @@ class _Strings:
         self._numbers: dict[str, int] = {}
 
     def number(self, value: str) -> int:
-        found = self._numbers.get(value)
+        """The number of ``value``, given one when it is new.
+
+        Raises:
+            TypeError: ``value`` is not a string (nothing is recorded then).
+        """
+        found = self._numbers.get(value) if isinstance(value, str) else None
         if found is None:
+            if not isinstance(value, str):
+                raise TypeError(f"expected a string, got {value!r}")
             found = self._numbers[value] = len(self.values)
             self.values.append(sys.intern(value))
         return found
@@ -83,6 +90,8 @@ class VideoRefs(Sequence[VideoRef]):
                 past 2**31, a missing value), naming the video; nothing is added then.
         """
         e = ref.entry
+        if not isinstance(ref.member, str):
+            raise ValueError(f"a video without a name ({ref.member!r}) in source {ref.source}")
         if e is not None and e.member != ref.member:
             raise ValueError(f"the entry of {ref.member!r} names {e.member!r}")
         fields = _NO_ENTRY if e is None else e
