@@ -59,11 +59,36 @@ def test_the_calls_of_1_0_0_take_a_random_random():
     assert kohakuclip.random_frames(3, 8, random.Random(0)) == [0, 1, 2]
 
 
+def test_both_call_forms_take_their_names_as_keywords():
+    """1.0.0's names (``n``, ``target_fps``) bind to 1.0.0's call, ours to ours; each keyword
+    form draws what its positional form draws from the same state."""
+    positional = clip(100, 30.0, 8, None, random.Random(3))
+    assert clip(np.int64(100), 30.0, np.int32(8), None, random.Random(3)) == positional
+    assert clip(100, 30.0, 8, target_fps=None, rng=random.Random(3)) == positional
+    assert clip(n=100, fps=30.0, frames=8, target_fps=None, rng=random.Random(3)) == positional
+    assert random_frames(n=100, frames=8, rng=random.Random(4)) == random_frames(
+        100, 8, random.Random(4)
+    )
+    ours = clip(100, 8, np.random.default_rng(5), 6.0, 30.0)
+    assert clip(100, 8, rng=np.random.default_rng(5), fps=6.0, video_fps=30.0) == ours
+    assert clip(n_video_frames=100, frames=8, rng=np.random.default_rng(5), fps=6.0,
+                video_fps=30.0) == ours  # fmt: skip
+    assert random_frames(
+        n_video_frames=100, frames=8, rng=np.random.default_rng(6)
+    ) == random_frames(100, 8, np.random.default_rng(6))
+
+
 def test_mixed_calls_are_refused():
-    with pytest.raises(TypeError, match=r"1\.0\.0's call"):
+    with pytest.raises(TypeError, match=r"n and frames are ints"):
         clip(100, 30.0, np.random.default_rng(0), 6.0, random.Random(0))  # type: ignore[call-overload]
-    with pytest.raises(TypeError, match="rng is a generator"):
+    with pytest.raises(TypeError, match="rng must be a numpy Generator"):
         clip(100, 8, 3, 6.0, 30.0)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match=r"clip\(n, fps, frames, target_fps, rng\)"):
+        clip(100, 8, np.random.default_rng(0), video_fps=random.Random(0))  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match=r"clip\(n_video_frames, frames, rng.*'rng'"):
+        clip(100, 8)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="rng must be a generator"):
+        random_frames(100, 8, 3)  # type: ignore[call-overload]
     with pytest.raises(ValueError, match="target_fps"):
         clip(100, 30.0, 8, 0.0, random.Random(0))
     with pytest.raises(ValueError, match="without frames"):
@@ -73,25 +98,31 @@ def test_mixed_calls_are_refused():
 _REFERENCE_DRAWS = """
 import json, random, sys, kohakuclip
 cases = json.loads(sys.stdin.read())
-print(json.dumps([
-    kohakuclip.clip(n, fps, frames, target, random.Random(seed)) if kind == "clip"
-    else kohakuclip.random_frames(n, frames, random.Random(seed))
-    for kind, n, fps, frames, target, seed in cases
-]))
+def draw(kind, n, fps, frames, target, seed):
+    rng = random.Random(seed)
+    if kind == "clip":
+        return kohakuclip.clip(n, fps, frames, target, rng)
+    if kind == "clip by name":
+        return kohakuclip.clip(n=n, fps=fps, frames=frames, target_fps=target, rng=rng)
+    if kind == "random_frames":
+        return kohakuclip.random_frames(n, frames, rng)
+    return kohakuclip.random_frames(n=n, frames=frames, rng=rng)
+print(json.dumps([draw(*case) for case in cases]))
 """
 
 
 @needs_reference
 def test_draws_equal_those_of_1_0_0():
     """1.0.0's wheel (a black box) and ours draw the same frames for the same generator state,
-    over rates that round to halves, short videos and upsampling."""
+    over rates that round to halves, short videos and upsampling, called by position or by
+    1.0.0's names."""
     picks = random.Random(7)
     cases = []
     for k in range(3000):
         n = picks.randint(1, 400)
         fps = picks.choice([15.0, 23.976, 24.0, 25.0, 29.97, 30.0, 60.0])
         target = picks.choice([None, 1.0, 2.0, 6.0, 7.0, 12.0, 24.0, 30.0, 60.0])
-        kind = "clip" if k % 3 else "random_frames"
+        kind = ("random_frames", "clip", "clip by name", "random_frames by name")[k % 4]
         cases.append((kind, n, fps, picks.randint(1, 20), target, picks.randrange(1 << 30)))
     done = subprocess.run(
         [REFERENCE_PYTHON, "-c", _REFERENCE_DRAWS],
@@ -99,10 +130,16 @@ def test_draws_equal_those_of_1_0_0():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     theirs = json.loads(done.stdout)
-    ours = [
-        clip(n, fps, frames, target, random.Random(seed))
-        if kind == "clip"
-        else random_frames(n, frames, random.Random(seed))
-        for kind, n, fps, frames, target, seed in cases
-    ]
-    assert ours == theirs
+    assert [_draw(*case) for case in cases] == theirs
+
+
+def _draw(kind: str, n: int, fps: float, frames: int, target: float | None, seed: int) -> list[int]:
+    """One case of ``_REFERENCE_DRAWS``, drawn by us."""
+    rng = random.Random(seed)
+    if kind == "clip":
+        return clip(n, fps, frames, target, rng)
+    if kind == "clip by name":
+        return clip(n=n, fps=fps, frames=frames, target_fps=target, rng=rng)
+    if kind == "random_frames":
+        return random_frames(n, frames, rng)
+    return random_frames(n=n, frames=frames, rng=rng)

@@ -10,10 +10,12 @@ the frames 1.0.0 draws from the same generator state, so a migrated script keeps
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 import random
-from typing import overload
+from collections.abc import Callable
+from typing import Any, overload
 
 import numpy as np
 
@@ -33,18 +35,11 @@ def clip(
 
 @overload
 def clip(
-    n_video_frames: int, fps: float, frames: int, target_fps: float | None, rng: random.Random, /
+    n: int, fps: float, frames: int, target_fps: float | None, rng: random.Random
 ) -> list[int]: ...
 
 
-def clip(
-    n_video_frames: int,
-    frames: float,
-    rng: np.random.Generator | int,
-    fps: float | None = None,
-    video_fps: float | random.Random | None = None,
-    spread: bool = False,
-) -> list[int]:
+def clip(*args: Any, **kwargs: Any) -> list[int]:
     """``frames`` frames from a random start, ``fps`` apart (the native rate when ``fps`` is None).
 
     With ``spread=True`` the clip spans the whole video instead (evenly spaced, random phase). A
@@ -53,9 +48,9 @@ def clip(
     raises for short videos (``n_video_frames >= 1``).
 
     KohakuClip 1.0.0's call ``clip(n, fps, frames, target_fps, rng)`` (``rng`` a
-    ``random.Random``; ``target_fps`` None: every frame) draws as 1.0.0 does: a start uniform
-    over the frames that fit, each frame rounded to the nearest, the last frame repeated where
-    the video is too short.
+    ``random.Random``; ``target_fps`` None: every frame; positional or by those names) draws as
+    1.0.0 does: a start uniform over the frames that fit, each frame rounded to the nearest, the
+    last frame repeated where the video is too short.
 
     Args:
         n_video_frames: frames in the video (>= 1).
@@ -65,12 +60,44 @@ def clip(
         video_fps: the video's frame rate (None: frames are taken consecutively).
         spread: span the whole video instead of ``fps``.
     """
-    if isinstance(video_fps, random.Random):
-        if isinstance(rng, np.random.Generator) or spread:
-            raise TypeError("KohakuClip 1.0.0's call is clip(n, fps, frames, target_fps, rng)")
-        return _clip_1_0(n_video_frames, float(frames), operator.index(rng), fps, video_fps)
-    if isinstance(rng, int):
-        raise TypeError("clip(n_video_frames, frames, rng, fps, video_fps): rng is a generator")
+    if _is_1_0_call(args, kwargs, "target_fps"):
+        return _call("clip", _clip_1_0, args, kwargs)
+    return _call("clip", _clip, args, kwargs)
+
+
+def _is_1_0_call(args: tuple[Any, ...], kwargs: dict[str, Any], *names: str) -> bool:
+    """Whether a sampler call is KohakuClip 1.0.0's: a ``random.Random`` or 1.0.0's names."""
+    values = [*args, *kwargs.values()]
+    return any(isinstance(v, random.Random) for v in values) or bool({"n", *names} & set(kwargs))
+
+
+def _call(
+    name: str, function: Callable[..., list[int]], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[int]:
+    """``function(*args, **kwargs)``, where a call that does not fit its parameters raises a
+    TypeError naming the public sampler ``name`` and those parameters."""
+    try:
+        return function(*args, **kwargs)
+    except TypeError:
+        signature = inspect.signature(function)
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{name}({', '.join(signature.parameters)}): {error}") from None
+        raise
+
+
+def _clip(
+    n_video_frames: int,
+    frames: int,
+    rng: np.random.Generator,
+    fps: float | None = None,
+    video_fps: float | None = None,
+    spread: bool = False,
+) -> list[int]:
+    """``clip`` with a numpy generator (its docstring)."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"clip(): rng must be a numpy Generator, got {type(rng).__name__}")
     if frames < 1:
         raise ValueError(f"frames must be >= 1, got {frames}")
     if fps is not None and not (math.isfinite(fps) and fps > 0):
@@ -96,6 +123,16 @@ def _clip_1_0(
     n: int, fps: float, frames: int, target_fps: float | None, rng: random.Random
 ) -> list[int]:
     """KohakuClip 1.0.0's ``clip``, draw for draw."""
+    if not isinstance(rng, random.Random):
+        raise TypeError(
+            f"KohakuClip 1.0.0's clip() takes a random.Random, got {type(rng).__name__}"
+        )
+    try:
+        n, frames = operator.index(n), operator.index(frames)
+    except TypeError:
+        raise TypeError(
+            f"KohakuClip 1.0.0's clip(): n and frames are ints, got {n!r}, {frames!r}"
+        ) from None
     if frames < 1:
         raise ValueError(f"frames must be >= 1, got {frames}")
     if n < 1:
@@ -109,20 +146,45 @@ def _clip_1_0(
     return [min(round(start + k * step), n - 1) for k in range(frames)]
 
 
+@overload
 def random_frames(
     n_video_frames: int, frames: int, rng: np.random.Generator | random.Random
-) -> list[int]:
+) -> list[int]: ...
+
+
+@overload
+def random_frames(*, n: int, frames: int, rng: random.Random) -> list[int]: ...
+
+
+def random_frames(*args: Any, **kwargs: Any) -> list[int]:
     """``frames`` distinct frames drawn at random from the whole video, in increasing order.
 
     Videos shorter than ``frames`` give every frame once and then repeats, still sorted. With
-    a ``random.Random`` (KohakuClip 1.0.0's call) the draw is 1.0.0's, and a short video gives
-    each of its frames once (fewer than ``frames``), as 1.0.0 does.
+    a ``random.Random`` (KohakuClip 1.0.0's call, ``random_frames(n, frames, rng)``) the draw is
+    1.0.0's, and a short video gives each of its frames once (fewer than ``frames``), as 1.0.0
+    does.
 
     Args:
         n_video_frames: frames in the video (>= 1).
         frames: frames to draw (>= 1).
         rng: the generator they are drawn from.
     """
+    if _is_1_0_call(args, kwargs):
+        return _call("random_frames", _random_frames_1_0, args, kwargs)
+    return _call("random_frames", _random_frames, args, kwargs)
+
+
+def _random_frames_1_0(n: int, frames: int, rng: random.Random) -> list[int]:
+    """``random_frames`` by 1.0.0's names."""
+    return _random_frames(n, frames, rng)
+
+
+def _random_frames(
+    n_video_frames: int, frames: int, rng: np.random.Generator | random.Random
+) -> list[int]:
+    """``random_frames`` by position (its docstring)."""
+    if not isinstance(rng, (np.random.Generator, random.Random)):
+        raise TypeError(f"random_frames(): rng must be a generator, got {type(rng).__name__}")
     if frames < 1:
         raise ValueError(f"frames must be >= 1, got {frames}")
     if n_video_frames < 1:
