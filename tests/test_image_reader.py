@@ -297,6 +297,24 @@ def test_inflate_members_matches_zlib_and_refuses_what_zlib_refuses(tmp_path):
         os.close(fd)
 
 
+def test_inflate_members_stops_at_the_limit_and_keeps_the_rest(monkeypatch):
+    """A member inflating to exactly the limit is kept, one byte more is refused, and a
+    member after a refused bomb still inflates to zlib's bytes."""
+    from kohakuclip.decode._inflate import inflate_members
+
+    limit = 100_000
+    monkeypatch.setattr("kohakuclip.decode._inflate.MAX_INFLATED_MEMBER", limit)
+    plain = [bytes(limit), bytes(limit + 1), bytes(50 * limit), b"after the bomb" * 100]
+    packed = [_deflated_member(p) for p in plain]
+    starts = np.cumsum([0, *map(len, packed)])[:-1].tolist()
+    source = np.frombuffer(b"".join(packed), np.uint8)
+    data, table = inflate_members([-1] * 4, starts, [len(p) for p in packed], source)
+    assert table[1:3].tolist() == [[-1, -1], [-1, -1]]
+    for k in (0, 3):
+        start, length = table[k].tolist()
+        assert bytes(data[start : start + length]) == plain[k]
+
+
 def test_a_jpeg_decoding_to_another_size_than_its_header_is_never_cropped_silently(tmp_path):
     """A header walk can size a JPEG otherwise than libavcodec decodes it: the compiled path
     checks the decoded size, leaves the image to the Python path, which refuses it, naming it;

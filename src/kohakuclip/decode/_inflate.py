@@ -104,11 +104,11 @@ def _inflate_all(
         stream[_NEXT_IN], stream[_AVAIL_IN] = address, size
         start, done = used, False
         while used - start <= limit:
-            if used == len(out):
-                grown = np.empty(2 * len(out), np.uint8)
+            if used == len(out):  # grow, never past what this member may inflate to
+                grown = np.empty(min(2 * len(out), start + limit + 1), np.uint8)
                 copy_bytes(grown, out[:used])
                 out = grown
-            room = min(len(out) - used, _LARGEST_CALL)
+            room = min(len(out) - used, _LARGEST_CALL, start + limit + 1 - used)
             stream[_NEXT_OUT], stream[_AVAIL_OUT] = out.ctypes.data + used, room
             code = _inflate(handle, 0)
             used += room - stream[_AVAIL_OUT]
@@ -134,8 +134,8 @@ def inflate_members(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Raw-deflate zip members inflated in one compiled call (no GIL): the bytes, one after
     another, and int64 [N, 2] (start, length) per member, -1 where it could not be read or
-    inflated (damaged, truncated, larger than ``formats.MAX_INFLATED_MEMBER``). Needs
-    ``zlib_found()``.
+    inflated (damaged, truncated, larger than ``formats.MAX_INFLATED_MEMBER``: no more than
+    one byte past that is inflated). Needs ``zlib_found()``.
 
     Args:
         fds: a descriptor per member, or -1: its bytes are in ``source``.
@@ -143,6 +143,8 @@ def inflate_members(
         sizes: each member's compressed bytes.
         source: uint8, the bytes of the members whose descriptor is -1.
     """
+    if not zlib_found():
+        raise RuntimeError("zlib cannot be called from compiled code on this platform")
     load_libc()
     table = np.empty((len(fds), 2), np.int64)
     fd, offset, size = (np.asarray(a, np.int64).reshape(-1) for a in (fds, offsets, sizes))
