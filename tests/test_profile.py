@@ -41,7 +41,9 @@ def test_profile_sums_the_readers_stats(shard: str, compiled: bool) -> None:
         assert counts[name] == pytest.approx(total, rel=1e-9, abs=1e-9), name
     assert counts["decode"] > 0 and counts["resize"] == 0
     assert kohakuclip.profile(reset=True) == counts
-    assert all(value == 0 for value in kohakuclip.profile().values())
+    after = kohakuclip.profile()
+    assert all(value == 0 for value in after.values())
+    assert [type(v) for v in after.values()] == [type(v) for v in counts.values()]  # as 1.0.0
 
 
 def _child_profile(queue: multiprocessing.Queue) -> None:

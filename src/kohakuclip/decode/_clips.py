@@ -12,12 +12,13 @@ the GIL busy, a share costs a few GIL hand-offs instead of several per GOP, pack
 Tables (int64):
 
 - ``clips`` [C, CLIP_FIELDS]: descriptor, GOP and target ranges, batch slot, crop and flips,
-  matrix row, prefix range, NAL length size, decoder row, followers: the clips after it (of the
-  same video, with a crop window of the same size) that take their pictures from its decoding
-  and read nothing themselves (``ShareTables.add``'s ``followers``). Clips of a batch that want
-  frames of the same GOPs (several views of one video, or short videos) decode them once. When
-  a group's decoding fails, its clips whose frames were all written are done, and the others
-  report ``RETRY_ALONE``: the failure may lie in frames only another clip needs.
+  matrix row, prefix range, NAL length size, decoder row, the picture size the crop was
+  planned in, followers: the clips after it (of the same video, with a crop window of the same
+  size) that take their pictures from its decoding and read nothing themselves
+  (``ShareTables.add``'s ``followers``). Clips of a batch that want frames of the same GOPs
+  (several views of one video, or short videos) decode them once. When a group's decoding
+  fails, its clips whose frames were all written are done, and the others report
+  ``RETRY_ALONE``: the failure may lie in frames only another clip needs.
 - ``gops`` [G, 5]: file offset, length, first and end packet of each read, and where the read
   starts in ``fetched`` (-1: ``pread`` from the clip's descriptor).
 - ``packets`` [P, 3]: first and end piece, display index (the decoder's timestamp).

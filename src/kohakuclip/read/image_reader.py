@@ -334,7 +334,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
                 self._decode_compiled(worker, batch, group, seed, files, errors, later)
 
             def read_one(i: int) -> None:
-                self._read_one(worker, batch, i, seed, files, later[i])
+                self._read_one(worker, batch, i, seed, files, later.pop(i))  # bytes freed when read
 
             self._finish_share(batch, list(later), read_one, errors)
 

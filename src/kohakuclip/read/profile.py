@@ -17,12 +17,16 @@ _lock = threading.Lock()
 _totals: dict[str, float] = {}
 
 
+def _zeros() -> dict[str, float]:
+    """Every count at zero: seconds as floats, frames as ints."""
+    return {**{stage: 0.0 for stage in _STAGES}, "frames": 0, "decoded": 0}
+
+
 def _zero() -> None:
     global _lock
     _lock = threading.Lock()  # a fork may have copied it held
     _totals.clear()
-    _totals.update({stage: 0.0 for stage in _STAGES})
-    _totals.update(frames=0, decoded=0)
+    _totals.update(_zeros())
 
 
 _zero()
@@ -58,6 +62,5 @@ def profile(reset: bool = False) -> dict[str, float]:
     with _lock:
         counts = dict(_totals)
         if reset:
-            for name in _totals:
-                _totals[name] = 0
+            _totals.update(_zeros())
     return counts
