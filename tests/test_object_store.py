@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kohakuclip import ClipError, ImageReader, Reader, WriteError, pack
+from kohakuclip import ClipError, ImageReader, ImageReadError, Reader, WriteError, pack
 from kohakuclip.mp4.faststart import faststart
 from kohakuclip.storage.image_listing import ImageSourceError
 from kohakuclip.storage.remote import request_counts
@@ -391,6 +391,20 @@ def test_s3_deflated_zip_images_are_fetched_once_and_inflated_compiled(s3, tmp_p
     batches, fetched = _local_then_s3(s3, tmp_path / "deflated.zip", len(members))
     assert fetched == packed
     np.testing.assert_array_equal(batches[1], batches[0])
+
+
+def test_a_failed_fetch_fails_only_the_remote_images_of_a_share(s3, media):
+    """An object gone after listing fails the images read from it, named; local images of the
+    same batch (the same compiled group) still read, on their own too."""
+    obstore.put(s3, "vanish/shard_00000.zip", Path(media.image_shard).read_bytes())
+    url = f"s3://{BUCKET}/vanish/shard_00000.zip"
+    with ImageReader(media.image_shard, size=32, threads=1) as local:
+        want = local.read([0, 1], seed=3).image
+    with ImageReader([media.image_shard, url], size=32, threads=1) as r:
+        obstore.delete(s3, "vanish/shard_00000.zip")
+        with pytest.raises(ImageReadError, match=rf"{url}:#1: .*no such object"):
+            r.read([0, 1, 4], seed=3)
+        np.testing.assert_array_equal(r.read([0, 1], seed=3).image, want)
 
 
 def _images(source: str, compiled: bool = True) -> tuple[np.ndarray, list]:

@@ -373,9 +373,9 @@ class ImageReader(ReaderBase[int, ImageBatch]):
                 return
             try:
                 tables.fetch({f.key: f.data for f in fetched.values() if f.key is not None})
-            except ObjectStoreError as e:
+            except ObjectStoreError:  # each image tries alone: local ones read, failures named
                 for i in tables.slots:
-                    errors[i] = e
+                    later[i] = _body(fetched, i)
                 return
             image = batch.image.reshape(len(batch.items), 1, -1)
             status = worker.jpeg.run(tables, image)
