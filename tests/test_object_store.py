@@ -407,6 +407,24 @@ def test_a_failed_fetch_fails_only_the_remote_images_of_a_share(s3, media):
         np.testing.assert_array_equal(r.read([0, 1], seed=3).image, want)
 
 
+def test_a_failed_fetch_fails_only_the_remote_clips_of_a_share(s3, media):
+    """The same for clips: an object gone after listing fails its clips, named; clips of a
+    local shard in the same share read, on their own too."""
+    obstore.put(s3, "vanish/av1.zip", media.files["shards/av1.zip"])
+    url = f"s3://{BUCKET}/vanish/av1.zip"
+    items = [(0, [0, 4, 9]), (1, [2, 3, 3])]
+    with Reader(media.av1_shard, size=24, threads=1) as local:
+        want = local.read(items, seed=3).video
+    with Reader([media.av1_shard, url], size=24, threads=1) as r:
+        r.read([(2, [0, 1, 2])], seed=3)  # its track known: the next read fetches frames only
+        obstore.delete(s3, "vanish/av1.zip")
+        with pytest.raises(
+            ClipError, match=rf"{url}:av1\.mp4: frames \[1, 2, 8\]: .*no such object"
+        ):
+            r.read([*items, (2, [1, 2, 8])], seed=3)
+        np.testing.assert_array_equal(r.read(items, seed=3).video, want)
+
+
 def _images(source: str, compiled: bool = True) -> tuple[np.ndarray, list]:
     with ImageReader(source, size=32, hflip=0.5, threads=2) as r:
         r._compiled = compiled

@@ -567,8 +567,8 @@ class Reader(ReaderBase[Item, Batch]):
         for decoder, share_tables in tables.values():
             try:
                 share_tables.fetch(fetched)
-            except ObjectStoreError as e:
-                outcome.update((i, e) for i in share_tables.slots)
+            except ObjectStoreError:  # each clip tries alone: local ones read, failures named
+                outcome.update((i, None) for i in share_tables.slots)
                 continue
             status = decoder.run(share_tables, video)
             for i, (code, detail, at) in zip(share_tables.slots, status.tolist()):
