@@ -425,6 +425,34 @@ def test_a_failed_fetch_fails_only_the_remote_clips_of_a_share(s3, media):
         np.testing.assert_array_equal(r.read(items, seed=3).video, want)
 
 
+def test_s3_zip_of_stored_and_deflated_images_is_fetched_in_one_round(s3, tmp_path, monkeypatch):
+    """``zip`` stores members that do not shrink and deflates the others: a batch of both
+    kinds, in object storage, is fetched in one round of concurrent ranged reads (a request
+    per member) and reads as from the local zip."""
+    from kohakuclip.storage import remote
+
+    rounds = []
+    fetch_ranges = remote.fetch_ranges
+    monkeypatch.setattr(remote, "fetch_ranges", lambda w: rounds.append(len(w)) or fetch_ranges(w))
+    from tests.test_clips import _jpeg_variants
+
+    variants = _jpeg_variants()
+    with zipfile.ZipFile(tmp_path / "mixed.zip", "w") as z:
+        for k, name in enumerate(("baseline", "progressive", "gray", "baseline")):
+            kind = zipfile.ZIP_DEFLATED if k % 2 else zipfile.ZIP_STORED
+            z.writestr(f"{k}.jpg", variants[name], compress_type=kind)
+    obstore.put(s3, "mixed/mixed.zip", (tmp_path / "mixed.zip").read_bytes())
+    batches = []
+    for source in (str(tmp_path / "mixed.zip"), f"s3://{BUCKET}/mixed/mixed.zip"):
+        with ImageReader(source, size=32, threads=1) as r:
+            before, rounds[:] = request_counts(), []
+            batches.append(r.read(range(4), seed=4).image)
+            assert "seconds_pixels" in r.stats()
+    assert request_counts()["requests"] - before["requests"] == 4
+    assert [n for n in rounds if n] == [4]
+    np.testing.assert_array_equal(batches[1], batches[0])
+
+
 def _images(source: str, compiled: bool = True) -> tuple[np.ndarray, list]:
     with ImageReader(source, size=32, hflip=0.5, threads=2) as r:
         r._compiled = compiled

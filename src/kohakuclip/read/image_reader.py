@@ -453,9 +453,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             descriptors.callback(_clips.close_files, [fd for _, _, fd, _ in opened if fd >= 0])
             for (i, _), (w, h, fd, size) in zip(loose, opened, strict=True):
                 found[i] = _Header(w, h, fd, size)
-        fetched = self._probe_fetched(remote, found) if remote else {}
-        if deflated:
-            fetched.update(self._probe_inflated(deflated, found))
+        fetched = self._probe_fetched(remote, deflated, found) if remote or deflated else {}
         headers = {
             i: header
             for i, header in found.items()
@@ -465,71 +463,42 @@ class ImageReader(ReaderBase[int, ImageBatch]):
 
     @staticmethod
     def _probe_fetched(
-        remote: list[tuple[int, ImageLocation]], found: dict[int, _Header]
+        remote: list[tuple[int, ImageLocation]],
+        deflated: list[tuple[int, ImageLocation, int]],
+        found: dict[int, _Header],
     ) -> dict[int, _Fetched]:
-        """Fetch the images in object storage (concurrent ranged reads) and size them from
-        their bytes into ``found``; returns the bytes by position. A failed fetch leaves them
-        all to the Python path, which reports each."""
+        """Fetch the stored and deflated images in object storage (one round of concurrent
+        ranged reads), inflate the deflated ones (local or fetched) and size all of them from
+        their bytes into ``found``, in compiled calls; returns the bytes by position (inflated
+        for deflated members). What fails to fetch or inflate is left to the Python path, which
+        reports it."""
         from kohakuclip.decode import _clips
         from kohakuclip.storage.remote import gather_into
 
         wanted = []
-        for _, loc in remote:
-            assert loc.remote is not None
-            wanted.append((loc.remote, loc.offset, loc.offset + loc.size))
-        try:
-            buffer, starts = gather_into(wanted)
-        except ObjectStoreError:
-            return {}
-        sizes = [loc.size for _, loc in remote]
-        sized = _clips.jpeg_sizes([-1] * len(remote), starts, sizes, buffer).tolist()
-        fetched: dict[int, _Fetched] = {}
-        for (i, loc), (obj, offset, _), start, (w, h) in zip(
-            remote, wanted, starts, sized, strict=True
-        ):
-            found[i] = _Header(w, h, -1, loc.size)
-            fetched[i] = _Fetched(
-                (obj.url, offset, loc.size), buffer[start : start + loc.size].data
-            )
-        return fetched
-
-    @staticmethod
-    def _probe_inflated(
-        deflated: list[tuple[int, ImageLocation, int]], found: dict[int, _Header]
-    ) -> dict[int, _Fetched]:
-        """Inflate deflated zip members (those in object storage fetched first) and size them
-        from their bytes into ``found``, in compiled calls; returns the inflated bytes by
-        position. What fails to fetch or inflate is left to the Python path, which reports it."""
-        from kohakuclip.decode import _clips
-        from kohakuclip.decode._inflate import inflate_members
-        from kohakuclip.storage.remote import gather_into
-
-        wanted = []
-        for _, loc, _ in deflated:
+        for loc in [loc for _, loc in remote] + [loc for _, loc, _ in deflated]:
             if loc.remote is not None:
                 wanted.append((loc.remote, loc.offset, loc.offset + loc.size))
         try:
-            source, starts = gather_into(wanted) if wanted else (None, [])
+            buffer, starts = gather_into(wanted) if wanted else (np.zeros(0, np.uint8), [])
         except ObjectStoreError:
             deflated = [d for d in deflated if d[1].remote is None]
-            source, starts = None, []
-        fetched_at = iter(starts)
-        offsets = [loc.offset if loc.remote is None else next(fetched_at) for _, loc, _ in deflated]
-        data, table = inflate_members(
-            [fd for _, _, fd in deflated], offsets, [loc.size for _, loc, _ in deflated], source
-        )
-        done = [(i, int(start), int(length)) for (i, _, _), (start, length) in zip(
-            deflated, table.tolist(), strict=True) if length > 0]  # fmt: skip
-        if not done:
-            return {}
-        sized = _clips.jpeg_sizes(
-            [-1] * len(done), [d[1] for d in done], [d[2] for d in done], data
-        )
-        inflated: dict[int, _Fetched] = {}
-        for (i, start, length), (w, h) in zip(done, sized.tolist(), strict=True):
-            found[i] = _Header(w, h, -1, length)
-            inflated[i] = _Fetched(None, data[start : start + length].data)
-        return inflated
+            remote, buffer, starts = [], np.zeros(0, np.uint8), []
+        fetched: dict[int, _Fetched] = {}
+        if remote:
+            stored = len(remote)
+            sizes = [loc.size for _, loc in remote]
+            sized = _clips.jpeg_sizes([-1] * stored, starts[:stored], sizes, buffer).tolist()
+            for (i, loc), (obj, offset, _), start, (w, h) in zip(
+                remote, wanted[:stored], starts[:stored], sized, strict=True
+            ):
+                found[i] = _Header(w, h, -1, loc.size)
+                fetched[i] = _Fetched(
+                    (obj.url, offset, loc.size), buffer[start : start + loc.size].data
+                )
+        if deflated:
+            fetched.update(_inflated(deflated, buffer, starts[len(remote) :], found))
+        return fetched
 
     def _add_jpeg(
         self,
@@ -658,6 +627,35 @@ class _Fetched(NamedTuple):
 
     key: tuple[str, int, int] | None
     data: memoryview
+
+
+def _inflated(
+    deflated: list[tuple[int, ImageLocation, int]],
+    source: np.ndarray,
+    starts: list[int],
+    found: dict[int, _Header],
+) -> dict[int, _Fetched]:
+    """Deflated zip members inflated (read with ``pread`` from their descriptor, or, for those
+    in object storage, from ``source`` at ``starts``, in order) and sized into ``found``, in
+    compiled calls; their inflated bytes by position. Members that fail are left out."""
+    from kohakuclip.decode import _clips
+    from kohakuclip.decode._inflate import inflate_members
+
+    fetched_at = iter(starts)
+    offsets = [loc.offset if loc.remote is None else next(fetched_at) for _, loc, _ in deflated]
+    data, table = inflate_members(
+        [fd for _, _, fd in deflated], offsets, [loc.size for _, loc, _ in deflated], source
+    )
+    done = [(i, int(start), int(length)) for (i, _, _), (start, length) in zip(
+        deflated, table.tolist(), strict=True) if length > 0]  # fmt: skip
+    if not done:
+        return {}
+    sized = _clips.jpeg_sizes([-1] * len(done), [d[1] for d in done], [d[2] for d in done], data)
+    inflated: dict[int, _Fetched] = {}
+    for (i, start, length), (w, h) in zip(done, sized.tolist(), strict=True):
+        found[i] = _Header(w, h, -1, length)
+        inflated[i] = _Fetched(None, data[start : start + length].data)
+    return inflated
 
 
 def _body(fetched: dict[int, _Fetched], i: int) -> bytes | None:
