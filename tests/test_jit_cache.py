@@ -34,3 +34,21 @@ def test_a_newer_source_drops_every_cache_file(tmp_path) -> None:
 def test_missing_folders_are_fine(tmp_path) -> None:
     drop_stale(str(tmp_path / "nowhere"))
     drop_stale(str(tmp_path))
+
+
+def test_processes_dropping_at_once_all_start(tmp_path) -> None:
+    """DataLoader workers import the package together: each finds the stale files that the
+    others are deleting, and none of them fails for it."""
+    import multiprocessing
+
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    _touch(str(tmp_path / "_clips.py"), 3000)
+    for k in range(3000):
+        _touch(str(cache / f"_clips.f-{k}.py311.nbi"), 2000)
+    context = multiprocessing.get_context("fork")
+    with context.Pool(6) as pool:
+        results = [pool.apply_async(drop_stale, (str(tmp_path),)) for _ in range(12)]
+        for result in results:
+            result.get(timeout=60)
+    assert os.listdir(cache) == []

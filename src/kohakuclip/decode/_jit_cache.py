@@ -19,17 +19,17 @@ def drop_stale(package_dir: str) -> None:
     """Delete the numba cache files under ``package_dir``/__pycache__ when a source file of the
     package is newer than the oldest of them (best effort: a read-only install is left alone)."""
     cache_dir = os.path.join(package_dir, "__pycache__")
-    try:
+    try:  # another process (a DataLoader worker starting beside this one) may be deleting too
         cached = [
             e for e in os.scandir(cache_dir) if e.name.endswith((".nbi", ".nbc")) and e.is_file()
         ]
         sources = [e for e in os.scandir(package_dir) if e.name.endswith(".py") and e.is_file()]
+        if not cached or not sources:
+            return
+        newest_source = max(e.stat().st_mtime for e in sources)
+        if min(e.stat().st_mtime for e in cached) >= newest_source:
+            return
     except OSError:
-        return
-    if not cached or not sources:
-        return
-    newest_source = max(e.stat().st_mtime for e in sources)
-    if min(e.stat().st_mtime for e in cached) >= newest_source:
         return
     for entry in cached:
         with contextlib.suppress(OSError):
