@@ -552,6 +552,68 @@ def test_yuv_modes_of_other_codecs_finish_to_the_rgb_output(other_sources, kind,
         assert psnr(back[i].numpy(), rgb.image[i]) > 30, (kind, i)
 
 
+@pytest.mark.parametrize("mode", ["rgb", "yuv_resized", "yuv"])
+def test_av1_images_take_libdav1d_to_the_pixels_of_the_python_path(other_sources, mode):
+    """AV1 images (8-bit 4:2:0) decode in the compiled call through libdav1d, no GIL inside,
+    to the bytes, colorspaces and ranges of the Python path (PyAV's libdav1d)."""
+    options = dict(size=SIZE, crop="resized", hflip=0.5, vflip=0.5, mode=mode, yuv_size=256)
+    batches, stats = {}, {}
+    for compiled in (True, False):
+        with ImageReader(other_sources["avif"], **options) as reader:
+            reader._compiled = compiled
+            batches[compiled] = reader.read([3, 0, 2, 1, 0], seed=11)
+            stats[compiled] = reader.stats()
+    assert stats[True]["seconds_pixels"] > 0 and "seconds_pixels" not in stats[False]
+    np.testing.assert_array_equal(batches[True].image, batches[False].image)
+    assert batches[True].colorspaces == batches[False].colorspaces
+    np.testing.assert_array_equal(batches[True].full_range, batches[False].full_range)
+    np.testing.assert_array_equal(batches[True].crops, batches[False].crops)
+
+
+def test_av1_images_the_compiled_path_leaves_read_through_pyav(tmp_path):
+    """A 10-bit AV1 image leaves the compiled call (libdav1d reports its depth) for the Python
+    path, beside 8-bit ones that stay; both read as PyAV decodes them."""
+    import av
+
+    from kohakuclip.formats import COLOR_FULL_RANGE
+    from kohakuclip.write.images import EncodedImage, pack_images
+
+    pixels = photo(72, 96, seed=81)
+    images = []
+    for name, pix_fmt in (("eight", "yuv420p"), ("ten", "yuv420p10le"), ("again", "yuv420p")):
+        ctx = av.CodecContext.create("libsvtav1", "w")
+        ctx.width, ctx.height, ctx.pix_fmt = 96, 72, pix_fmt
+        ctx.time_base, ctx.color_range = 1, 2
+        ctx.options = {"crf": "30", "preset": "10"}
+        frame = av.VideoFrame.from_ndarray(pixels, format="rgb24").reformat(format=pix_fmt)
+        frame.pts = 0
+        data = b"".join(bytes(p) for p in ctx.encode(frame) + ctx.encode(None))
+        stored = EncodedImage(data, "av1", COLOR_FULL_RANGE, ".obu", 96, 72, 96, 72, len(data))
+        images.append((name, stored))
+    pack_images(tmp_path / "av1.zip", images)
+    batches = {}
+    for compiled in (True, False):
+        with ImageReader(str(tmp_path / "av1.zip"), size=32, crop="center") as reader:
+            reader._compiled = compiled
+            batches[compiled] = reader.read([0, 1, 2], seed=1).image
+            assert ("seconds_pixels" in reader.stats()) == compiled
+    np.testing.assert_array_equal(batches[True], batches[False])
+    reference = Image.fromarray(pixels).resize((32, 32), Image.Resampling.BOX, box=(12, 0, 84, 72))
+    for image in batches[True]:
+        assert psnr(image, np.asarray(reference).transpose(2, 0, 1)) > 25
+
+
+def test_sources_without_images_are_refused_at_open(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("not an image")
+    with zipfile.ZipFile(tmp_path / "texts.zip", "w") as z:
+        z.writestr("a.txt", "not an image")
+    for source in ("empty", "notes", "texts.zip"):
+        with pytest.raises(ImageSourceError, match=rf"{source}: no images found"):
+            ImageReader(str(tmp_path / source))
+
+
 def test_yuv_window_must_fit(shard):
     reader = ImageReader(shard, size=SIZE, mode="yuv", yuv_size=128, crop="center")
     with reader, pytest.raises(ImageReadError, match="exceeds the 128-pixel yuv window"):
@@ -862,7 +924,7 @@ def test_stats_count_images_bytes_and_stage_time_on_both_paths(shard):
     [
         ("offset", 1 << 62, "damaged index: offset 4611686018427387904"),
         ("size", 0xFFFFFFF0, "damaged index: offset .* runs past the images"),
-        ("width", 99936417, "damaged index: a JPEG of 99936417x"),
+        ("width", 99936417, "damaged index: an image of 99936417x"),
         ("codec", 250, r"bad\.zip:003\.jpg: .*unknown codec id 250"),
     ],
 )

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import kohakuclip
-from kohakuclip import ClipError, Reader
+from kohakuclip import ClipError, Reader, SourceError
 from kohakuclip.decode.pixels import yuv420_planes, yuv_to_rgb_matrix
 from kohakuclip.formats import FRAME_RECORD
 from kohakuclip.read.reader import _shares_by_video
@@ -419,9 +419,10 @@ def test_missing_and_bad_sources(tmp_path) -> None:
         Reader(str(junk))
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert len(Reader(str(empty))) == 0
-    with pytest.raises(ValueError, match=r"no videos \(sources: .*empty\)"):
-        Reader(str(empty)).sample(1, 4)
+    with pytest.raises(SourceError, match=r"empty: no videos found"):
+        Reader(str(empty))
+    with pytest.raises(SourceError, match=r"empty, .*empty and 1 more: no videos found"):
+        Reader([empty] * 3)
 
 
 def test_yuv_mode_is_the_stored_window(corpus: Corpus) -> None:

@@ -430,7 +430,12 @@ def decode_dav1d(
                             break
                         produced += 1
                         pw, ph = sizes[_dav1d._PICTURE_SIZE], sizes[_dav1d._PICTURE_SIZE + 1]
-                        if pw < width or ph < height:
+                        layout = sizes[_dav1d._PICTURE_SIZE + 2]
+                        bits = sizes[_dav1d._PICTURE_SIZE + 3]
+                        exact = clips[c, PICTURE]
+                        if layout != _dav1d.LAYOUT_I420 or bits != 8:  # (images: any stream)
+                            code, detail = UNSUPPORTED_FORMAT, layout * 256 + bits
+                        elif pw < width or ph < height or (exact and pw * 65536 + ph != exact):
                             code, detail = WRONG_SIZE, pw * 65536 + ph
                         else:
                             display = words[_dav1d._PICTURE_TIMESTAMP]

@@ -5,9 +5,10 @@ GIL hand-off beside a busy training thread. Here a context is opened from Python
 (``Dav1dDecoder``) and the compiled share driver (``_clips.decode_dav1d``) calls libdav1d's
 functions by name, without the GIL; ``_picture`` gives a picture's planes as arrays.
 
-Only 8-bit 4:2:0 streams take this path (the caller checks the sequence header); struct layouts
-are those of dav1d 1.x (``dav1d/picture.h``, ``dav1d/data.h``, ``dav1d/dav1d.h``) on a 64-bit
-platform, checked against the library's version at load.
+Only 8-bit 4:2:0 pictures take this path (video: the caller checks the sequence header; the
+driver checks each picture too); struct layouts are those of dav1d 1.x (``dav1d/picture.h``,
+``dav1d/data.h``, ``dav1d/dav1d.h``) on a 64-bit platform, checked against the library's
+version at load.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from numba.extending import intrinsic
 
 from kohakuclip.errors import KohakuClipError
 
-__all__ = ["Dav1dDecoder", "Dav1dError", "library"]
+__all__ = ["LAYOUT_I420", "Dav1dDecoder", "Dav1dError", "library"]
 
 
 # byte offsets of the fields used (dav1d 1.x, LP64 / LLP64 with 8-byte pointers)
@@ -41,6 +42,7 @@ _DATA_POINTER, _DATA_SIZE, _DATA_TIMESTAMP = 0, 1, 3  # int64 words
 _PICTURE_BYTES = 512  # Dav1dPicture is 272 bytes in 1.4-1.5; room to spare
 _PICTURE_PLANES, _PICTURE_STRIDES, _PICTURE_TIMESTAMP = 2, 5, 9  # int64 words
 _PICTURE_SIZE = 14  # int32 words: p.w, p.h, p.layout, p.bpc
+LAYOUT_I420 = 1  # Dav1dPixelLayout of 4:2:0 pictures
 
 
 class Dav1dError(KohakuClipError, RuntimeError):

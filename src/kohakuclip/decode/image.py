@@ -33,6 +33,7 @@ __all__ = [
     "JPEG_COLORSPACE",
     "ImageDecodeError",
     "ImageDecoder",
+    "av1_color",
     "dct_denominator",
     "output_shape",
     "scaled_window",
@@ -42,6 +43,12 @@ __all__ = [
 
 JPEG_COLORSPACE = "bt601"
 """What RGB-decoded images report in the yuv modes, with full range: JPEG's own YCbCr."""
+
+
+def av1_color(color: int) -> tuple[str, bool]:
+    """The matrix and range of a stored AV1 image, from its index entry's ``color`` flags."""
+    return ("bt709" if color & COLOR_BT709 else "bt601"), bool(color & COLOR_FULL_RANGE)
+
 
 _DCT_DENOMINATORS = (8, 4)
 """The JPEG DCT shrinks used. Not 2: FFmpeg's half-size inverse DCT is plain C, and a full
@@ -162,11 +169,10 @@ class ImageDecoder:
             frame = self._decode_av1(data)
             if (frame.width, frame.height) != (width, height):
                 raise ImageDecodeError("decoded size differs from the index")
-            colorspace = "bt709" if color & COLOR_BT709 else "bt601"
-            full = bool(color & COLOR_FULL_RANGE)
+            colorspace, full = av1_color(color)
             y, u, v, shifts = frame_planes(frame)
             self._planes.write((y, u, v), crop, hflip, vflip, colorspace, full, dst, shifts)
-            return colorspace, full
+            return ("rgb", False) if self.mode == "rgb" else (colorspace, full)
         scaling = dct_scale and self.mode != "yuv"
         if codec == "jpeg" and self._write_jpeg_planes(
             data, width, height, crop, hflip, vflip, scaling, dst

@@ -22,7 +22,7 @@ from kohakuclip.read.pool import OwnedPool, Pending, Task, ThreadPool
 from kohakuclip.read.seeding import per_item_keys
 from kohakuclip.storage.files import FileCache
 
-__all__ = ["ReaderBase", "Sources", "merged_seconds", "renamed", "warn_renamed"]
+__all__ = ["ReaderBase", "Sources", "merged_seconds", "renamed", "shown_sources", "warn_renamed"]
 
 
 ItemT = TypeVar("ItemT")
@@ -30,6 +30,12 @@ BatchT = TypeVar("BatchT")
 _R = TypeVar("_R", bound="ReaderBase[Any, Any]")
 
 Sources = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+
+def shown_sources(paths: Sequence[str]) -> str:
+    """Sources as an error message names them: the first two, then how many more."""
+    shown = ", ".join(paths[:2])
+    return shown + (f" and {len(paths) - 2} more" if len(paths) > 2 else "") if paths else "[]"
 
 
 class _Catalog(Protocol):

@@ -17,6 +17,7 @@ from kohakuclip.decode import avcodec_found
 from kohakuclip.decode.image import (
     JPEG_COLORSPACE,
     ImageDecoder,
+    av1_color,
     dct_denominator,
     output_shape,
     scaled_window,
@@ -25,18 +26,25 @@ from kohakuclip.decode.image import (
 from kohakuclip.decode.pixels import Crop, OutputMode, yuv_to_rgb_matrix
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.plan_types import ClipPlan, GopRead
-from kohakuclip.read._reader_base import ReaderBase, Sources, merged_seconds, renamed
+from kohakuclip.read._reader_base import (
+    ReaderBase,
+    Sources,
+    merged_seconds,
+    renamed,
+    shown_sources,
+)
 from kohakuclip.read.image_crop import image_crop
 from kohakuclip.read.pool import OwnedPool, Pending, Task
 from kohakuclip.read.seeding import generator
 from kohakuclip.storage.cache import BlockCache
 from kohakuclip.storage.files import FileCache
 from kohakuclip.storage.image_catalog import ImageCatalog
+from kohakuclip.storage.image_listing import ImageSourceError
 from kohakuclip.storage.image_resolve import ImageLocation
 from kohakuclip.storage.remote import ObjectStoreError
 
 if TYPE_CHECKING:
-    from kohakuclip.decode._clips import AvcodecClips, ShareTables
+    from kohakuclip.decode._clips import AvcodecClips, Dav1dClips, ShareTables
 
 __all__ = ["ImageBatch", "ImageInfo", "ImageReadError", "ImageReader"]
 
@@ -89,32 +97,48 @@ _GRAY_PLANE_SIDE = 8192  # gray JPEGs larger than this (after the DCT shrink) ta
 _COMPILED_GROUP = 64  # images per compiled call: bounds the files of a folder open at once
 
 
+def _compiled_codec(codec: str) -> bool:
+    """Whether images of ``codec`` can take a compiled decoder here (its library found)."""
+    if codec == "jpeg":
+        return avcodec_found()
+    if codec == "av1":
+        from kohakuclip.decode._dav1d import library
+
+        return library() is not None
+    return False
+
+
 def _picture_plan(offset: int, size: int) -> ClipPlan:
     """One stored picture as a one-packet clip plan."""
     return ClipPlan([GopRead(offset, size, [(((0, size),), 0)])], {0: [0]}, 1, 1)
 
 
 class _ImageWorker:
-    """Per-thread state: the Python-path decoder and the compiled JPEG decoders (one per DCT
-    scaling, made on first use)."""
+    """Per-thread state: the Python-path decoder and the compiled decoders, made on first use:
+    libavcodec's JPEG decoder (one per DCT scaling) and libdav1d (AV1 images)."""
 
     def __init__(self, size: int, mode: OutputMode, yuv_size: int) -> None:
         self.decoder = ImageDecoder(size, mode, yuv_size)
-        self._jpeg: AvcodecClips | None = None
+        self._compiled: dict[str, AvcodecClips | Dav1dClips] = {}
         self.seconds = {"read": 0.0, "decode": 0.0}  # the Python path (pixels within decode)
 
     def stage_seconds(self) -> dict[str, float]:
-        """Thread CPU seconds per stage: the compiled JPEG calls and the Python path."""
-        compiled = [self._jpeg.stage_seconds()] if self._jpeg is not None else []
+        """Thread CPU seconds per stage: the compiled calls and the Python path."""
+        compiled = [driver.stage_seconds() for driver in self._compiled.values()]
         return merged_seconds(self.seconds, *compiled)
 
-    @property
-    def jpeg(self) -> AvcodecClips:
-        if self._jpeg is None:
-            from kohakuclip.decode._clips import AvcodecClips
+    def compiled(self, codec: str) -> AvcodecClips | Dav1dClips:
+        """The compiled decoder of ``codec`` ("jpeg" or "av1")."""
+        driver = self._compiled.get(codec)
+        if driver is None:
+            from kohakuclip.decode._clips import AvcodecClips, Dav1dClips
 
-            self._jpeg = AvcodecClips([("mjpeg", lowres) for lowres in range(4)])
-        return self._jpeg
+            if codec == "av1":
+                driver = Dav1dClips()
+            else:
+                driver = AvcodecClips([("mjpeg", lowres) for lowres in range(4)])
+            self._compiled[codec] = driver
+        return driver
 
 
 class ImageReader(ReaderBase[int, ImageBatch]):
@@ -203,6 +227,8 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         self.yuv_size = yuv_size
         cache = BlockCache(os.fspath(cache_dir), cache_size) if cache_dir else None
         self._catalog = ImageCatalog(self._paths(sources), use_index, storage_options, cache)
+        if not len(self._catalog):
+            raise ImageSourceError(f"{shown_sources(self._paths(sources))}: no images found")
         self._files = FileCache(open_files)
         # threads, decoders and descriptors end with close() or when the reader is collected
         self._pool = OwnedPool(self, threads, self._files.close)
@@ -270,8 +296,6 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             n: number of ids.
             seed: draws from this seed (None: the reader's generator).
         """
-        if len(self) == 0:
-            raise ValueError("the reader has no images")
         rng = np.random.default_rng(seed) if seed is not None else self._rng
         return rng.integers(0, len(self), size=n).tolist()
 
@@ -357,35 +381,35 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         from kohakuclip.decode import _clips  # numba loads with the first batch
 
         with ExitStack() as descriptors:
-            tables: ShareTables | None = None
+            tables: dict[str, ShareTables] = {}  # per compiled decoder: "jpeg", "av1"
             stored: dict[int, int] = {}  # position -> bytes the compiled path reads
             probed, fetched = self._probe_sizes(batch, group, files, descriptors)
             for i in group:
                 try:
-                    tables, stored[i] = self._add_jpeg(
+                    stored[i] = self._add_image(
                         batch, i, seed, files, descriptors, tables, probed.get(i), fetched.get(i)
                     )
                 except _NotCompiled:
                     later[i] = _body(fetched, i)
                 except Exception as e:
                     errors[i] = e
-            if tables is None:
-                return
-            try:
-                tables.fetch({f.key: f.data for f in fetched.values() if f.key is not None})
-            except ObjectStoreError:  # each image tries alone: local ones read, failures named
-                for i in tables.slots:
-                    later[i] = _body(fetched, i)
-                return
+            ready = {f.key: f.data for f in fetched.values() if f.key is not None}
             image = batch.image.reshape(len(batch.items), 1, -1)
-            status = worker.jpeg.run(tables, image)
-            for i, (code, detail, _) in zip(tables.slots, status.tolist()):
-                if code == _clips.OK:
-                    self._add_counts(images=1, bytes_read=stored[i])
-                elif code == _clips.UNSUPPORTED_FORMAT or i in probed:
-                    later[i] = _body(fetched, i)  # (the Python path judges unindexed)
-                else:
-                    errors[i] = ImageReadError(_clips.describe(code, detail))
+            for codec, share_tables in tables.items():
+                try:
+                    share_tables.fetch(ready)
+                except ObjectStoreError:  # each image tries alone: local ones read, errors named
+                    for i in share_tables.slots:
+                        later[i] = _body(fetched, i)
+                    continue
+                status = worker.compiled(codec).run(share_tables, image)
+                for i, (code, detail, _) in zip(share_tables.slots, status.tolist()):
+                    if code == _clips.OK:
+                        self._add_counts(images=1, bytes_read=stored[i])
+                    elif code == _clips.UNSUPPORTED_FORMAT or i in probed:
+                        later[i] = _body(fetched, i)  # (the Python path judges unindexed)
+                    else:
+                        errors[i] = ImageReadError(_clips.describe(code, detail))
 
     def _item_error(self, batch: ImageBatch, i: int, error: BaseException) -> Exception:
         image_id = batch.items[i]
@@ -500,19 +524,20 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             fetched.update(_inflated(deflated, buffer, starts[len(remote) :], found))
         return fetched
 
-    def _add_jpeg(
+    def _add_image(
         self,
         batch: ImageBatch,
         i: int,
         seed: int,
         files: FileCache,
         descriptors: ExitStack,
-        tables: ShareTables | None,
+        tables: dict[str, ShareTables],
         probed: _Header | None = None,
         fetched: _Fetched | None = None,
-    ) -> tuple[ShareTables, int]:
-        """Plan image ``i`` into the compiled JPEG tables (returned, with the bytes it reads);
-        raises _NotCompiled for what the Python path takes (other codecs, deflated members not
+    ) -> int:
+        """Plan image ``i`` into the compiled tables of its codec (``tables``: JPEG through
+        libavcodec, AV1 through libdav1d; made when first needed); returns the bytes it reads.
+        Raises _NotCompiled for what the Python path takes (other codecs, deflated members not
         inflated already, sizes neither in the index nor ``probed`` from the JPEG's header).
         ``fetched``: its bytes from the probe (inflated ones are handed to the tables)."""
         loc = self._catalog.locate(batch.items[i])
@@ -520,50 +545,54 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         if probed is not None:
             width, height, size = probed.width, probed.height, probed.size
         inflated = fetched.data if fetched is not None and fetched.key is None else None
-        jpeg = loc.codec == "jpeg" or probed is not None
+        codec = "jpeg" if probed is not None else loc.codec
         stored = size > 0 and (inflated is not None or not loc.compressed) and width > 0
-        if not (self._compiled and jpeg and stored and avcodec_found()):
+        if not (self._compiled and stored and _compiled_codec(codec)):
             raise _NotCompiled
         if width > _JPEG_MAX_SIDE or height > _JPEG_MAX_SIDE:
-            raise ImageReadError(f"damaged index: a JPEG of {width}x{height} pixels")
+            raise ImageReadError(f"damaged index: an image of {width}x{height} pixels")
         crop, hflip, vflip = self._geometry(batch, i, seed, width, height)
         if self.mode == "yuv" and (crop.w > self.yuv_size or crop.h > self.yuv_size):
             raise ValueError(
                 f"crop window {crop.w}x{crop.h} exceeds the {self.yuv_size}-pixel yuv window "
                 "(use a larger yuv_size, or mode='yuv_resized')"
             )
-        scaling = self.dct_scale and self.mode != "yuv"
+        scaling = codec == "jpeg" and self.dct_scale and self.mode != "yuv"
         d = dct_denominator(width, height, crop, self.size) if scaling else 1
         window = scaled_window(width, height, crop, d)
-        batch.colorspaces[i] = "rgb" if self.mode == "rgb" else JPEG_COLORSPACE
-        batch.full_range[i] = self.mode != "rgb"
-        if tables is None:
+        colorspace, full = (JPEG_COLORSPACE, True) if codec == "jpeg" else av1_color(loc.color)
+        batch.colorspaces[i] = "rgb" if self.mode == "rgb" else colorspace
+        batch.full_range[i] = self.mode != "rgb" and full
+        share_tables = tables.get(codec)
+        if share_tables is None:
             from kohakuclip.decode._clips import ShareTables
 
-            tables = ShareTables(self.mode, self.size, self.yuv_size)
+            share_tables = tables[codec] = ShareTables(self.mode, self.size, self.yuv_size)
         if loc.remote is not None or inflated is not None:
             fd = -1
         elif probed is not None:
             fd = probed.fd
         else:
             fd = descriptors.enter_context(files.open(loc.path))
-        tables.add(
+        share_tables.add(
             i,
             fd,
             _picture_plan(loc.offset, size),
             window,
             (hflip, vflip),
-            _JPEG_MATRIX,
+            _JPEG_MATRIX if codec == "jpeg" else yuv_to_rgb_matrix(colorspace, full),
             decoder=d.bit_length() - 1,
             remote=loc.remote if inflated is None else None,
             picture=(-(-width // d), -(-height // d)),
             data=inflated,
         )
-        # the 128-filled chroma plane of gray pictures, sized from the index but bounded: a
-        # damaged index must not allocate gigabytes (a larger gray picture takes the PyAV path)
-        shrunk = [min(-(-side // d), _GRAY_PLANE_SIDE) for side in (height, width)]
-        tables.gray = (max(tables.gray[0], shrunk[0]), max(tables.gray[1], shrunk[1]))
-        return tables, size if inflated is None else loc.size
+        if codec == "jpeg":
+            # the 128-filled chroma plane of gray pictures, sized from the index but bounded: a
+            # damaged index must not allocate gigabytes (a larger gray picture takes PyAV)
+            shrunk = [min(-(-side // d), _GRAY_PLANE_SIDE) for side in (height, width)]
+            gray = share_tables.gray
+            share_tables.gray = (max(gray[0], shrunk[0]), max(gray[1], shrunk[1]))
+        return size if inflated is None else loc.size
 
     def _where(self, image_id: int, loc: ImageLocation | None = None) -> str:
         """How an error names the image: ``ImageCatalog.where``, or where a shard too broken

@@ -20,7 +20,14 @@ from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, Planes, squa
 from kohakuclip.decode.video import ClipDecoder, takes_dav1d
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.plan_types import ClipPlan
-from kohakuclip.read._reader_base import ReaderBase, Sources, merged_seconds, renamed, warn_renamed
+from kohakuclip.read._reader_base import (
+    ReaderBase,
+    Sources,
+    merged_seconds,
+    renamed,
+    shown_sources,
+    warn_renamed,
+)
 from kohakuclip.read.plan import FrameRangeError, Skip, check_frames, clip_targets, plan_clip
 from kohakuclip.read.pool import OwnedPool, Pending, Task
 from kohakuclip.read.profile import add_frames, add_seconds
@@ -309,6 +316,9 @@ class Reader(ReaderBase[Item, Batch]):
             storage_options=storage_options,
             cache=BlockCache(os.fspath(cache_dir), cache_size) if cache_dir else None,
         )
+        if not len(self._catalog):
+            self._catalog.close()
+            raise SourceError(f"{shown_sources(self._paths(sources))}: no videos found")
         # the default is even: the largest short side rounded up
         self.yuv_size = yuv_size if yuv_size is not None else self._catalog.max_short_side(512)
         # threads, decoders and descriptors end with close() or when the reader is collected
@@ -357,9 +367,6 @@ class Reader(ReaderBase[Item, Batch]):
                 self._check_id(v)
             infos = [self._catalog.info(vid) for vid in chosen]
         else:
-            if len(self) == 0:
-                paths = [src.path for src in self._catalog.sources]
-                raise ValueError(f"the reader has no videos (sources: {', '.join(paths)[:300]})")
             chosen = rng.integers(0, len(self), size=n).tolist()
             infos = []
             for k, vid in enumerate(chosen):
