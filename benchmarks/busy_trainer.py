@@ -1,7 +1,7 @@
 """Decode throughput beside a training thread that keeps the GIL busy, ours and KohakuClip 1.0.0.
 
     python benchmarks/busy_trainer.py [--quick]
-        [--only av1,h264_g16,h264_g250,hevc,jpeg,jpeg_tar,jpeg_folder,jpeg_zip]
+        [--only av1,h264_g16,h264_g250,hevc,jpeg,jpeg_tar,jpeg_folder,jpeg_zip,avif]
         [--threads 1 2] [--reference "$(../shared/tools/reference-kohakuclip.sh)"]
 
 A training loop in the same process as the decode threads runs Python most of the time (an
@@ -23,7 +23,8 @@ AV1 shards written by ``kohakuclip-write`` from the same frames, and JPEG image 
 by ``kohakuclip-write-images`` from real photographs (Debian's Plasma wallpapers) and frames
 of the footage; ``jpeg_tar``, ``jpeg_folder`` and ``jpeg_zip`` hold the same JPEGs without an
 index, in a plain (WebDataset-style) tar, as files of a folder, and in a zip made with
-compression (every member deflated, as ``zip`` and ``shutil.make_archive`` make them).
+compression (every member deflated, as ``zip`` and ``shutil.make_archive`` make them);
+``avif`` holds the same photographs written with ``--codec avif`` (AV1 intra, 8-bit 4:2:0).
 
 Video: 16 clips x 8 frames @ 6 fps per batch, size 256; images: batches of 64, size 256. Each
 reader runs in its own process (the reference under its own Python) with one batch queued
@@ -53,7 +54,11 @@ sys.path.insert(0, HERE)
 import _gil_count  # noqa: E402
 
 MEDIA_VERSION = 1
-CONTENTS = ("av1", "h264_g16", "h264_g250", "hevc", "jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip")
+CONTENTS = (
+    *("av1", "h264_g16", "h264_g250", "hevc"),
+    *("jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip", "avif"),
+)
+IMAGES = ("jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip", "avif")
 MODES = {"idle": 0.0, "100 %": 1.0, "50 %": 0.5}
 
 # (file under /tmp/kc-real, start second): camera pans over photos, animated film, broadcast TV
@@ -328,6 +333,25 @@ def build_media(media: str, real: str, seconds: float, python: str) -> dict[str,
     return manifest
 
 
+def avif_shards(media: str, python: str) -> list[str]:
+    """The photographs of the JPEG shards stored as AV1 images (``--codec avif``), written
+    once."""
+    out = os.path.join(media, "avif")
+    if not glob.glob(os.path.join(out, "*.zip")):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        cmd = (
+            "import sys; from kohakuclip.write.image_cli import main; sys.exit(main(sys.argv[1:]))"
+        )
+        photos = os.path.join(media, "photos")
+        subprocess.run(
+            [python, "-c", cmd, out, photos, "--codec", "avif", "--no-progress", "--workers", "2"],
+            check=True,
+            env=env,
+            timeout=3600,
+        )
+    return sorted(glob.glob(os.path.join(out, "*.zip")))
+
+
 def plain_copy(media: str, shards: list[str], kind: str) -> list[str]:
     """The JPEG shards' images without an index, made once: one plain tar of ``<key>.jpg``
     members (``kind`` "tar", as WebDataset keeps them), a folder of files ("folder"), or a zip
@@ -439,7 +463,7 @@ def _takes(res: dict) -> str:
 
 
 def table_row(content: str, who: str, threads: int, res: dict) -> str:
-    unit = "images" if content.startswith("jpeg") else "clips"
+    unit = "images" if content in IMAGES else "clips"
     if "error" in res:
         return f"| {content} | {who} | {threads} | error: {res['error']} |" + " |" * 8
     idle = res["idle"]["per_s"]
@@ -539,9 +563,11 @@ def main() -> None:
     )
     print("| --- " * 11 + "|", flush=True)
     for content in only:
-        kind = "image" if content.startswith("jpeg") else "video"
+        kind = "image" if content in IMAGES else "video"
         if content in ("jpeg_tar", "jpeg_folder", "jpeg_zip"):
             sources = plain_copy(args.media, manifest["sources"]["jpeg"], content[5:])
+        elif content == "avif":
+            sources = avif_shards(args.media, sys.executable)
         else:
             sources = manifest["sources"][content]
         for threads in args.threads:
