@@ -553,13 +553,17 @@ def test_yuv_modes_of_other_codecs_finish_to_the_rgb_output(other_sources, kind,
 
 
 @pytest.mark.parametrize("mode", ["rgb", "yuv_resized", "yuv"])
-def test_av1_images_take_libdav1d_to_the_pixels_of_the_python_path(other_sources, mode):
-    """AV1 images (8-bit 4:2:0) decode in the compiled call through libdav1d, no GIL inside,
-    to the bytes, colorspaces and ranges of the Python path (PyAV's libdav1d)."""
+@pytest.mark.parametrize("kind", ["avif", "webp"])
+def test_av1_and_webp_images_decode_compiled_to_the_pixels_of_the_python_path(
+    other_sources, kind, mode
+):
+    """AV1 images (8-bit 4:2:0) and lossy WebP decode in the compiled call (libdav1d,
+    libavcodec's WebP decoder), no GIL inside, to the bytes, colorspaces and ranges of the
+    Python path (the same libraries through PyAV)."""
     options = dict(size=SIZE, crop="resized", hflip=0.5, vflip=0.5, mode=mode, yuv_size=256)
     batches, stats = {}, {}
     for compiled in (True, False):
-        with ImageReader(other_sources["avif"], **options) as reader:
+        with ImageReader(other_sources[kind], **options) as reader:
             reader._compiled = compiled
             batches[compiled] = reader.read([3, 0, 2, 1, 0], seed=11)
             stats[compiled] = reader.stats()
@@ -601,6 +605,43 @@ def test_av1_images_the_compiled_path_leaves_read_through_pyav(tmp_path):
     reference = Image.fromarray(pixels).resize((32, 32), Image.Resampling.BOX, box=(12, 0, 84, 72))
     for image in batches[True]:
         assert psnr(image, np.asarray(reference).transpose(2, 0, 1)) > 25
+
+
+def test_webp_the_compiled_path_leaves_reads_through_pillow(tmp_path):
+    """Lossless and transparent WebP (libavcodec gives them as RGB) leave the compiled call for
+    Pillow, alpha composited onto white as the writer does; lossy WebP beside them stays. Each
+    reads as Pillow decodes it."""
+    from kohakuclip.formats import COLOR_RGB
+    from kohakuclip.write.images import EncodedImage, pack_images
+
+    pixels = photo(72, 96, seed=83)
+    alpha = np.dstack([pixels, np.full((72, 96), 255, np.uint8)])
+    alpha[:20, :30, 3] = 0  # a transparent corner: white once composited
+    images, references = [], []
+    for name, image, options in (
+        ("lossy", Image.fromarray(pixels), {"quality": 90}),
+        ("lossless", Image.fromarray(pixels), {"lossless": True}),
+        ("alpha", Image.fromarray(alpha, "RGBA"), {"quality": 90}),
+    ):
+        out = io.BytesIO()
+        image.save(out, "WEBP", **options)
+        data = out.getvalue()
+        stored = EncodedImage(data, "webp", COLOR_RGB, ".webp", 96, 72, 96, 72, len(data))
+        images.append((name, stored))
+        decoded = Image.open(io.BytesIO(data))
+        white = Image.new("RGB", decoded.size, (255, 255, 255))
+        white.paste(decoded, mask=decoded.getchannel("A") if decoded.mode == "RGBA" else None)
+        references.append(white.resize((32, 32), Image.Resampling.BOX, box=(12, 0, 84, 72)))
+    pack_images(tmp_path / "webp.zip", images)
+    batches = {}
+    for compiled in (True, False):
+        with ImageReader(str(tmp_path / "webp.zip"), size=32, crop="center") as reader:
+            reader._compiled = compiled
+            batches[compiled] = reader.read([0, 1, 2], seed=1).image
+            assert ("seconds_pixels" in reader.stats()) == compiled
+    np.testing.assert_array_equal(batches[True], batches[False])
+    for image, reference in zip(batches[True], references, strict=True):
+        assert psnr(image, np.asarray(reference).transpose(2, 0, 1)) > 30
 
 
 def test_sources_without_images_are_refused_at_open(tmp_path):

@@ -195,7 +195,7 @@ def child(shard: str, work: str, seed: int) -> None:
     scope="module",
     params=[
         *("video zip", "video tar", "image zip", "image tar", "image folder", "image deflated"),
-        *("image av1", "gulp dir"),
+        *("image av1", "image webp", "gulp dir"),
     ],
 )
 def shard(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
@@ -228,7 +228,7 @@ def shard(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
             for name in sorted(os.listdir(photos)):
                 z.write(photos / name, arcname=name)
         return str(root / "image_deflated.zip")
-    codec = "avif" if container == "av1" else "jpeg"  # AV1: decoded by libdav1d, compiled
+    codec = {"av1": "avif", "webp": "webp"}.get(container, "jpeg")  # all decoded compiled
     write_images(root / "out", [photos], codec=codec, max_short=64, min_short=0, progress=False)
     os.rename(root / "out" / "shard_00000.zip", root / "image_shard.zip")
     return str(root / "image_shard.zip")

@@ -123,8 +123,8 @@ PICTURE_FIELDS = 12
 """Length of the ``picture`` array ``receive_frame`` fills; the indices above name its fields
 (``CORRUPT``: the decoder flagged the frame as damaged, PyAV's ``Frame.is_corrupt``)."""
 
-Codec = Literal["h264", "hevc", "mjpeg"]
-_CODECS = ("h264", "hevc", "mjpeg")
+Codec = Literal["h264", "hevc", "mjpeg", "webp"]
+_CODECS = ("h264", "hevc", "mjpeg", "webp")
 
 
 class AvcodecError(KohakuClipError, RuntimeError):
@@ -521,12 +521,12 @@ def _free(lib: Library, handle: np.ndarray) -> None:
 
 
 class AvcodecDecoder:
-    """One single-threaded libavcodec decoder (H.264, HEVC or MJPEG), for one thread at a
-    time, reused across videos and GOPs (``flush`` between them).
+    """One single-threaded libavcodec decoder (H.264, HEVC, MJPEG or WebP), for one thread
+    at a time, reused across videos and GOPs (``flush`` between them).
 
     Args:
-        codec: "h264" or "hevc" (Annex B access units, parameter sets in band), or "mjpeg"
-            (one JPEG picture per packet).
+        codec: "h264" or "hevc" (Annex B access units, parameter sets in band), "mjpeg" (one
+            JPEG picture per packet) or "webp" (one WebP file per packet).
         lowres: MJPEG only: decode at 1/2**lowres of the size (0-3, libjpeg-style DCT
             scaling inside libavcodec's decoder).
         lib: the library (default ``library()``).
@@ -558,8 +558,8 @@ class AvcodecDecoder:
             raise AvcodecError("out of memory opening a decoder")
         options = ctypes.c_void_p()
         wanted = {"threads": "1", "lowres": str(lowres)}
-        # a truncated JPEG is an error, not a picture with a grey bottom (as libjpeg-turbo)
-        strict = {"err_detect": "explode"} if codec == "mjpeg" else {}
+        # a truncated JPEG (WebP) is an error, not a picture with a grey bottom (as libjpeg)
+        strict = {"err_detect": "explode"} if codec in ("mjpeg", "webp") else {}
         # H.264 single-threaded: "fast" only lets the NAL splitter read NAL units without
         # escapes in place (libavcodec's own padded copy of the packet) instead of copying them
         # again: the same pictures (tests, real footage), 4 % less CPU per frame

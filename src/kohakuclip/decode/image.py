@@ -33,11 +33,11 @@ __all__ = [
     "JPEG_COLORSPACE",
     "ImageDecodeError",
     "ImageDecoder",
-    "av1_color",
     "dct_denominator",
     "output_shape",
     "scaled_window",
     "sniff_codec",
+    "stored_color",
 ]
 
 
@@ -45,8 +45,14 @@ JPEG_COLORSPACE = "bt601"
 """What RGB-decoded images report in the yuv modes, with full range: JPEG's own YCbCr."""
 
 
-def av1_color(color: int) -> tuple[str, bool]:
-    """The matrix and range of a stored AV1 image, from its index entry's ``color`` flags."""
+def stored_color(codec: str, color: int) -> tuple[str, bool]:
+    """The matrix and range of a stored image's decoded planes: JPEG's YCbCr (full range
+    BT.601), WebP's (lossy WebP is VP8: limited range BT.601), or an AV1 image's from its index
+    entry's ``color`` flags."""
+    if codec == "jpeg":
+        return JPEG_COLORSPACE, True
+    if codec == "webp":
+        return "bt601", False
     return ("bt709" if color & COLOR_BT709 else "bt601"), bool(color & COLOR_FULL_RANGE)
 
 
@@ -124,6 +130,7 @@ class ImageDecoder:
         self._window_ycrcb = np.empty(0, np.uint8)
         self._planes = PixelWriter(size, mode, window)
         self._av1: Any = None  # libdav1d CodecContext, made on first use
+        self._webp: Any = None  # libavcodec's WebP CodecContext, made on first use
         self._mjpeg: dict[int, Any] = {}  # lowres -> MJPEG CodecContext
 
     # -- sizes -------------------------------------------------------------------------------
@@ -165,11 +172,15 @@ class ImageDecoder:
                 f"crop window {crop.w}x{crop.h} exceeds the {self.window}-pixel yuv window "
                 "(use a larger yuv_size, or mode='yuv_resized')"
             )
+        frame = None
         if codec == "av1":
             frame = self._decode_av1(data)
+        elif codec == "webp":
+            frame = self._decode_webp(data)  # lossy: VP8's planes; else None (Pillow below)
+        if frame is not None:
             if (frame.width, frame.height) != (width, height):
                 raise ImageDecodeError("decoded size differs from the index")
-            colorspace, full = av1_color(color)
+            colorspace, full = stored_color(codec, color)
             y, u, v, shifts = frame_planes(frame)
             self._planes.write((y, u, v), crop, hflip, vflip, colorspace, full, dst, shifts)
             return ("rgb", False) if self.mode == "rgb" else (colorspace, full)
@@ -302,6 +313,25 @@ class ImageDecoder:
             if (h, w) != (2 * ch, 2 * cw):  # odd size: repeat the last row / column
                 full = cv2.copyMakeBorder(full, 0, 2 * ch - h, 0, 2 * cw - w, cv2.BORDER_REPLICATE)
             cv2.resize(full, (cw, ch), dst=plane[:ch, :cw], interpolation=cv2.INTER_AREA)
+
+    def _decode_webp(self, data: bytes) -> Any:
+        """A lossy WebP's 8-bit 4:2:0 picture through libavcodec (what the compiled path
+        decodes), or None for what it gives otherwise (lossless, alpha) or rejects."""
+        import av
+
+        if self._webp is None:
+            self._webp = av.CodecContext.create("webp", "r")
+            self._webp.thread_count = 1
+            self._webp.options = {"err_detect": "explode"}
+        ctx = self._webp
+        try:
+            frames = ctx.decode(padded_packet(data)) or ctx.decode(None)
+        except av.FFmpegError:
+            frames = []
+        ctx.flush_buffers()
+        if not frames or frames[0].format.name != "yuv420p":
+            return None
+        return frames[0]
 
     def _decode_av1(self, data: bytes) -> Any:
         import av

@@ -15,13 +15,12 @@ import numpy as np
 
 from kohakuclip.decode import avcodec_found
 from kohakuclip.decode.image import (
-    JPEG_COLORSPACE,
     ImageDecoder,
-    av1_color,
     dct_denominator,
     output_shape,
     scaled_window,
     sniff_codec,
+    stored_color,
 )
 from kohakuclip.decode.pixels import Crop, OutputMode, yuv_to_rgb_matrix
 from kohakuclip.errors import KohakuClipError
@@ -91,15 +90,16 @@ class ImageBatch:
         return self.image
 
 
-_JPEG_MATRIX = yuv_to_rgb_matrix("bt601", True)  # JFIF
+_MATRICES = {(c, f): yuv_to_rgb_matrix(c, f) for c in ("bt601", "bt709") for f in (False, True)}
 _JPEG_MAX_SIDE = 65535  # a JPEG frame header's 16-bit width and height
 _GRAY_PLANE_SIDE = 8192  # gray JPEGs larger than this (after the DCT shrink) take the PyAV path
+_WEBP_ROW = 4  # the WebP decoder's row in the "avcodec" driver, after JPEG's four scalings
 _COMPILED_GROUP = 64  # images per compiled call: bounds the files of a folder open at once
 
 
 def _compiled_codec(codec: str) -> bool:
     """Whether images of ``codec`` can take a compiled decoder here (its library found)."""
-    if codec == "jpeg":
+    if codec in ("jpeg", "webp"):
         return avcodec_found()
     if codec == "av1":
         from kohakuclip.decode._dav1d import library
@@ -115,7 +115,7 @@ def _picture_plan(offset: int, size: int) -> ClipPlan:
 
 class _ImageWorker:
     """Per-thread state: the Python-path decoder and the compiled decoders, made on first use:
-    libavcodec's JPEG decoder (one per DCT scaling) and libdav1d (AV1 images)."""
+    libavcodec's JPEG (one per DCT scaling) and WebP decoders, and libdav1d (AV1 images)."""
 
     def __init__(self, size: int, mode: OutputMode, yuv_size: int) -> None:
         self.decoder = ImageDecoder(size, mode, yuv_size)
@@ -127,17 +127,18 @@ class _ImageWorker:
         compiled = [driver.stage_seconds() for driver in self._compiled.values()]
         return merged_seconds(self.seconds, *compiled)
 
-    def compiled(self, codec: str) -> AvcodecClips | Dav1dClips:
-        """The compiled decoder of ``codec`` ("jpeg" or "av1")."""
-        driver = self._compiled.get(codec)
+    def compiled(self, library: str) -> AvcodecClips | Dav1dClips:
+        """The compiled decoder of ``library`` ("avcodec": JPEG at its DCT scalings, rows
+        0-3, and WebP, row 4; "dav1d": AV1)."""
+        driver = self._compiled.get(library)
         if driver is None:
             from kohakuclip.decode._clips import AvcodecClips, Dav1dClips
 
-            if codec == "av1":
+            if library == "dav1d":
                 driver = Dav1dClips()
             else:
-                driver = AvcodecClips([("mjpeg", lowres) for lowres in range(4)])
-            self._compiled[codec] = driver
+                driver = AvcodecClips([*(("mjpeg", lowres) for lowres in range(4)), ("webp", 0)])
+            self._compiled[library] = driver
         return driver
 
 
@@ -381,33 +382,36 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         from kohakuclip.decode import _clips  # numba loads with the first batch
 
         with ExitStack() as descriptors:
-            tables: dict[str, ShareTables] = {}  # per compiled decoder: "jpeg", "av1"
+            tables: dict[str, ShareTables] = {}  # per compiled library: "avcodec", "dav1d"
             stored: dict[int, int] = {}  # position -> bytes the compiled path reads
+            retried: set[int] = set()  # positions whose failures the Python path judges
             probed, fetched = self._probe_sizes(batch, group, files, descriptors)
             for i in group:
                 try:
-                    stored[i] = self._add_image(
+                    stored[i], retry = self._add_image(
                         batch, i, seed, files, descriptors, tables, probed.get(i), fetched.get(i)
                     )
+                    if retry:
+                        retried.add(i)
                 except _NotCompiled:
                     later[i] = _body(fetched, i)
                 except Exception as e:
                     errors[i] = e
             ready = {f.key: f.data for f in fetched.values() if f.key is not None}
             image = batch.image.reshape(len(batch.items), 1, -1)
-            for codec, share_tables in tables.items():
+            for library, share_tables in tables.items():
                 try:
                     share_tables.fetch(ready)
                 except ObjectStoreError:  # each image tries alone: local ones read, errors named
                     for i in share_tables.slots:
                         later[i] = _body(fetched, i)
                     continue
-                status = worker.compiled(codec).run(share_tables, image)
+                status = worker.compiled(library).run(share_tables, image)
                 for i, (code, detail, _) in zip(share_tables.slots, status.tolist()):
                     if code == _clips.OK:
                         self._add_counts(images=1, bytes_read=stored[i])
-                    elif code == _clips.UNSUPPORTED_FORMAT or i in probed:
-                        later[i] = _body(fetched, i)  # (the Python path judges unindexed)
+                    elif code == _clips.UNSUPPORTED_FORMAT or i in retried:
+                        later[i] = _body(fetched, i)
                     else:
                         errors[i] = ImageReadError(_clips.describe(code, detail))
 
@@ -534,9 +538,11 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         tables: dict[str, ShareTables],
         probed: _Header | None = None,
         fetched: _Fetched | None = None,
-    ) -> int:
-        """Plan image ``i`` into the compiled tables of its codec (``tables``: JPEG through
-        libavcodec, AV1 through libdav1d; made when first needed); returns the bytes it reads.
+    ) -> tuple[int, bool]:
+        """Plan image ``i`` into the compiled tables of its codec's library (``tables``: JPEG
+        and WebP through libavcodec, AV1 through libdav1d; made when first needed); returns
+        the bytes it reads, and whether a failure there goes to the Python path to be judged
+        (JPEGs sized from their headers, not an index; WebP, which Pillow may still read).
         Raises _NotCompiled for what the Python path takes (other codecs, deflated members not
         inflated already, sizes neither in the index nor ``probed`` from the JPEG's header).
         ``fetched``: its bytes from the probe (inflated ones are handed to the tables)."""
@@ -560,14 +566,15 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         scaling = codec == "jpeg" and self.dct_scale and self.mode != "yuv"
         d = dct_denominator(width, height, crop, self.size) if scaling else 1
         window = scaled_window(width, height, crop, d)
-        colorspace, full = (JPEG_COLORSPACE, True) if codec == "jpeg" else av1_color(loc.color)
+        colorspace, full = stored_color(codec, loc.color)
         batch.colorspaces[i] = "rgb" if self.mode == "rgb" else colorspace
         batch.full_range[i] = self.mode != "rgb" and full
-        share_tables = tables.get(codec)
+        library = "dav1d" if codec == "av1" else "avcodec"
+        share_tables = tables.get(library)
         if share_tables is None:
             from kohakuclip.decode._clips import ShareTables
 
-            share_tables = tables[codec] = ShareTables(self.mode, self.size, self.yuv_size)
+            share_tables = tables[library] = ShareTables(self.mode, self.size, self.yuv_size)
         if loc.remote is not None or inflated is not None:
             fd = -1
         elif probed is not None:
@@ -580,8 +587,8 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             _picture_plan(loc.offset, size),
             window,
             (hflip, vflip),
-            _JPEG_MATRIX if codec == "jpeg" else yuv_to_rgb_matrix(colorspace, full),
-            decoder=d.bit_length() - 1,
+            _MATRICES[colorspace, full],
+            decoder=_WEBP_ROW if codec == "webp" else d.bit_length() - 1,
             remote=loc.remote if inflated is None else None,
             picture=(-(-width // d), -(-height // d)),
             data=inflated,
@@ -592,7 +599,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             shrunk = [min(-(-side // d), _GRAY_PLANE_SIDE) for side in (height, width)]
             gray = share_tables.gray
             share_tables.gray = (max(gray[0], shrunk[0]), max(gray[1], shrunk[1]))
-        return size if inflated is None else loc.size
+        return (size if inflated is None else loc.size), probed is not None or codec == "webp"
 
     def _where(self, image_id: int, loc: ImageLocation | None = None) -> str:
         """How an error names the image: ``ImageCatalog.where``, or where a shard too broken
