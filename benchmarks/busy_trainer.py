@@ -1,7 +1,7 @@
 """Decode throughput beside a training thread that keeps the GIL busy, ours and KohakuClip 1.0.0.
 
     python benchmarks/busy_trainer.py [--quick]
-        [--only av1,h264_g16,h264_g250,hevc,jpeg,jpeg_tar,jpeg_folder,jpeg_zip,avif]
+        [--only av1,h264_g16,h264_g250,hevc,jpeg,jpeg_tar,jpeg_folder,jpeg_zip,avif,webp]
         [--threads 1 2] [--reference "$(../shared/tools/reference-kohakuclip.sh)"]
 
 A training loop in the same process as the decode threads runs Python most of the time (an
@@ -24,7 +24,8 @@ by ``kohakuclip-write-images`` from real photographs (Debian's Plasma wallpapers
 of the footage; ``jpeg_tar``, ``jpeg_folder`` and ``jpeg_zip`` hold the same JPEGs without an
 index, in a plain (WebDataset-style) tar, as files of a folder, and in a zip made with
 compression (every member deflated, as ``zip`` and ``shutil.make_archive`` make them);
-``avif`` holds the same photographs written with ``--codec avif`` (AV1 intra, 8-bit 4:2:0).
+``avif`` and ``webp`` hold the same photographs written with ``--codec avif`` (AV1 intra,
+8-bit 4:2:0) and ``--codec webp`` (lossy).
 
 Video: 16 clips x 8 frames @ 6 fps per batch, size 256; images: batches of 64, size 256. Each
 reader runs in its own process (the reference under its own Python) with one batch queued
@@ -56,9 +57,9 @@ import _gil_count  # noqa: E402
 MEDIA_VERSION = 1
 CONTENTS = (
     *("av1", "h264_g16", "h264_g250", "hevc"),
-    *("jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip", "avif"),
+    *("jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip", "avif", "webp"),
 )
-IMAGES = ("jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip", "avif")
+IMAGES = ("jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip", "avif", "webp")
 MODES = {"idle": 0.0, "100 %": 1.0, "50 %": 0.5}
 
 # (file under /tmp/kc-real, start second): camera pans over photos, animated film, broadcast TV
@@ -333,10 +334,10 @@ def build_media(media: str, real: str, seconds: float, python: str) -> dict[str,
     return manifest
 
 
-def avif_shards(media: str, python: str) -> list[str]:
-    """The photographs of the JPEG shards stored as AV1 images (``--codec avif``), written
-    once."""
-    out = os.path.join(media, "avif")
+def coded_shards(media: str, python: str, codec: str) -> list[str]:
+    """The photographs of the JPEG shards stored with ``--codec`` ``codec`` (avif, webp),
+    written once."""
+    out = os.path.join(media, codec)
     if not glob.glob(os.path.join(out, "*.zip")):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
         cmd = (
@@ -344,7 +345,7 @@ def avif_shards(media: str, python: str) -> list[str]:
         )
         photos = os.path.join(media, "photos")
         subprocess.run(
-            [python, "-c", cmd, out, photos, "--codec", "avif", "--no-progress", "--workers", "2"],
+            [python, "-c", cmd, out, photos, "--codec", codec, "--no-progress", "--workers", "2"],
             check=True,
             env=env,
             timeout=3600,
@@ -566,8 +567,8 @@ def main() -> None:
         kind = "image" if content in IMAGES else "video"
         if content in ("jpeg_tar", "jpeg_folder", "jpeg_zip"):
             sources = plain_copy(args.media, manifest["sources"]["jpeg"], content[5:])
-        elif content == "avif":
-            sources = avif_shards(args.media, sys.executable)
+        elif content in ("avif", "webp"):
+            sources = coded_shards(args.media, sys.executable, content)
         else:
             sources = manifest["sources"][content]
         for threads in args.threads:
