@@ -52,7 +52,9 @@ def clip(*args: Any, **kwargs: Any) -> list[int]:
     1.0.0 does: a start uniform over the frames that fit, each frame rounded to the nearest, the
     last frame repeated where the video is too short.
 
-    Args:
+    Its arguments, by position or by name (``*args`` in the signature, as it takes two call
+    forms; the ``random.Random`` one is above):
+
         n_video_frames: frames in the video (>= 1).
         frames: frames in the clip (>= 1).
         rng: the generator the start (or phase) is drawn from.
@@ -164,7 +166,9 @@ def random_frames(*args: Any, **kwargs: Any) -> list[int]:
     1.0.0's, and a short video gives each of its frames once (fewer than ``frames``), as 1.0.0
     does.
 
-    Args:
+    Its arguments, by position or by name (``*args`` in the signature, as it takes two call
+    forms; the ``random.Random`` one is above):
+
         n_video_frames: frames in the video (>= 1).
         frames: frames to draw (>= 1).
         rng: the generator they are drawn from.
