@@ -574,6 +574,19 @@ def test_av1_and_webp_images_decode_compiled_to_the_pixels_of_the_python_path(
     np.testing.assert_array_equal(batches[True].crops, batches[False].crops)
 
 
+def _compiled_as_python(source: str, count: int) -> np.ndarray:
+    """The first ``count`` images of ``source`` (32 pixels, centre crops) read with the
+    compiled path on and off: the same bytes, the compiled call used only when on."""
+    batches = {}
+    for compiled in (True, False):
+        with ImageReader(source, size=32, crop="center") as reader:
+            reader._compiled = compiled
+            batches[compiled] = reader.read(range(count), seed=1).image
+            assert ("seconds_pixels" in reader.stats()) == compiled
+    np.testing.assert_array_equal(batches[True], batches[False])
+    return batches[True]
+
+
 def test_av1_images_the_compiled_path_leaves_read_through_pyav(tmp_path):
     """A 10-bit AV1 image leaves the compiled call (libdav1d reports its depth) for the Python
     path, beside 8-bit ones that stay; both read as PyAV decodes them."""
@@ -595,15 +608,8 @@ def test_av1_images_the_compiled_path_leaves_read_through_pyav(tmp_path):
         stored = EncodedImage(data, "av1", COLOR_FULL_RANGE, ".obu", 96, 72, 96, 72, len(data))
         images.append((name, stored))
     pack_images(tmp_path / "av1.zip", images)
-    batches = {}
-    for compiled in (True, False):
-        with ImageReader(str(tmp_path / "av1.zip"), size=32, crop="center") as reader:
-            reader._compiled = compiled
-            batches[compiled] = reader.read([0, 1, 2], seed=1).image
-            assert ("seconds_pixels" in reader.stats()) == compiled
-    np.testing.assert_array_equal(batches[True], batches[False])
     reference = Image.fromarray(pixels).resize((32, 32), Image.Resampling.BOX, box=(12, 0, 84, 72))
-    for image in batches[True]:
+    for image in _compiled_as_python(str(tmp_path / "av1.zip"), 3):
         assert psnr(image, np.asarray(reference).transpose(2, 0, 1)) > 25
 
 
@@ -633,14 +639,8 @@ def test_webp_the_compiled_path_leaves_reads_through_pillow(tmp_path):
         white.paste(decoded, mask=decoded.getchannel("A") if decoded.mode == "RGBA" else None)
         references.append(white.resize((32, 32), Image.Resampling.BOX, box=(12, 0, 84, 72)))
     pack_images(tmp_path / "webp.zip", images)
-    batches = {}
-    for compiled in (True, False):
-        with ImageReader(str(tmp_path / "webp.zip"), size=32, crop="center") as reader:
-            reader._compiled = compiled
-            batches[compiled] = reader.read([0, 1, 2], seed=1).image
-            assert ("seconds_pixels" in reader.stats()) == compiled
-    np.testing.assert_array_equal(batches[True], batches[False])
-    for image, reference in zip(batches[True], references, strict=True):
+    batch = _compiled_as_python(str(tmp_path / "webp.zip"), 3)
+    for image, reference in zip(batch, references, strict=True):
         assert psnr(image, np.asarray(reference).transpose(2, 0, 1)) > 30
 
 
