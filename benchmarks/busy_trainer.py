@@ -1,7 +1,7 @@
 """Decode throughput beside a training thread that keeps the GIL busy, ours and KohakuClip 1.0.0.
 
     python benchmarks/busy_trainer.py [--quick]
-        [--only av1,h264_g16,h264_g250,hevc,jpeg,jpeg_tar,jpeg_folder,jpeg_zip,avif,webp]
+        [--only av1,h264_g16,h264_g250,hevc,jpeg,jpeg_tar,jpeg_folder,jpeg_zip,avif,webp,png]
         [--threads 1 2] [--reference "$(../shared/tools/reference-kohakuclip.sh)"]
 
 A training loop in the same process as the decode threads runs Python most of the time (an
@@ -25,7 +25,8 @@ of the footage; ``jpeg_tar``, ``jpeg_folder`` and ``jpeg_zip`` hold the same JPE
 index, in a plain (WebDataset-style) tar, as files of a folder, and in a zip made with
 compression (every member deflated, as ``zip`` and ``shutil.make_archive`` make them);
 ``avif`` and ``webp`` hold the same photographs written with ``--codec avif`` (AV1 intra,
-8-bit 4:2:0) and ``--codec webp`` (lossy).
+8-bit 4:2:0) and ``--codec webp`` (lossy); ``png`` is the folder of PNG photographs they were
+all written from (at their own size, not capped).
 
 Video: 16 clips x 8 frames @ 6 fps per batch, size 256; images: batches of 64, size 256. Each
 reader runs in its own process (the reference under its own Python) with one batch queued
@@ -57,9 +58,9 @@ import _gil_count  # noqa: E402
 MEDIA_VERSION = 1
 CONTENTS = (
     *("av1", "h264_g16", "h264_g250", "hevc"),
-    *("jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip", "avif", "webp"),
+    *("jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip", "avif", "webp", "png"),
 )
-IMAGES = ("jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip", "avif", "webp")
+IMAGES = ("jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip", "avif", "webp", "png")
 MODES = {"idle": 0.0, "100 %": 1.0, "50 %": 0.5}
 
 # (file under /tmp/kc-real, start second): camera pans over photos, animated film, broadcast TV
@@ -569,6 +570,8 @@ def main() -> None:
             sources = plain_copy(args.media, manifest["sources"]["jpeg"], content[5:])
         elif content in ("avif", "webp"):
             sources = coded_shards(args.media, sys.executable, content)
+        elif content == "png":
+            sources = [os.path.join(args.media, "photos")]
         else:
             sources = manifest["sources"][content]
         for threads in args.threads:

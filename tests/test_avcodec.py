@@ -31,6 +31,7 @@ from kohakuclip.decode._avcodec import (
     OTHER,
     PICTURE_FIELDS,
     PTS,
+    RGB,
     WIDTH,
     Y_ADDRESS,
     Y_STRIDE,
@@ -268,6 +269,33 @@ def test_lowres_mjpeg_equals_pyav(lowres: int) -> None:
             codes = {"yuvj420p": 0, "yuvj422p": 1, "yuvj444p": 2, "gray": GRAY}
             assert picture[FORMAT] == codes[fmt]
             assert picture[FULL_RANGE] == 1 and picture[CORRUPT] == 0
+        flush(decoder.handle)
+
+
+def test_pngs_of_one_size_in_a_row_decode_as_pillow_does() -> None:
+    """RGB and gray PNGs, several of one size and format in a row: each decodes whole, as
+    Pillow decodes it (libavcodec takes a packet without the key-frame flag, of the last
+    picture's size and format, as a difference to that picture)."""
+    rng = np.random.default_rng(4)
+    images = [Image.fromarray(rng.integers(0, 256, (45, 61, 3), dtype=np.uint8)) for _ in range(3)]
+    images += [images[0].convert("L"), images[1].convert("L"), images[2]]
+    packets = []
+    for k, image in enumerate(images):
+        buf = io.BytesIO()
+        image.save(buf, "PNG")
+        packets.append((buf.getvalue(), k))
+    with AvcodecDecoder("png") as decoder:
+        frames = decode_packets(decoder, packets, length_size=0)
+        for (data, _), (_, y, u, v) in zip(packets, frames, strict=True):
+            pillow = np.asarray(Image.open(io.BytesIO(data)))
+            assert u is None and v is None
+            np.testing.assert_array_equal(y, pillow.reshape(45, -1))
+        picture = np.zeros(PICTURE_FIELDS, np.int64)
+        buf = np.frombuffer(packets[0][0], np.uint8)
+        assert send_packet(decoder.handle, buf.ctypes.data, len(buf), 3) == OK
+        assert receive_frame(decoder.handle, picture) == OK
+        assert (picture[FORMAT], picture[WIDTH], picture[HEIGHT]) == (RGB, 61, 45)
+        assert picture[Y_STRIDE] >= 3 * 61
         flush(decoder.handle)
 
 

@@ -337,14 +337,34 @@ def dqt_tail_frame_header() -> bytes:
     return data[:sof_end] + dqt + data[sof_end:]
 
 
-def test_jpeg_sizes_walk_the_headers(tmp_path):
-    """Sizes as Pillow reads them, from JPEGs at any offset of a file (a header past the first
-    4 KB window too); (0, 0) for four components, other formats, cut headers, and where
-    libavcodec could decode another frame header than the first."""
-    from kohakuclip.decode._clips import jpeg_sizes
+def _png_variants() -> dict[str, bytes]:
+    """PNGs of each colour type and depth: 8-bit RGB and gray ones (interlaced too) are
+    what libavcodec decodes to rgb24 / gray8, the compiled path's pixel formats."""
+    from tests.image_media import encode
 
-    variants = _jpeg_variants()
+    rgb = Image.fromarray(photo(70, 90, seed=5))
+    return {
+        "png_rgb": encode(rgb, "PNG"),
+        "png_gray": encode(rgb.convert("L"), "PNG"),
+        "png_interlaced": encode(rgb, "PNG", interlace=1),
+        "png_palette": encode(rgb.convert("P"), "PNG"),
+        "png_alpha": encode(rgb.convert("RGBA"), "PNG"),
+        "png_gray_alpha": encode(rgb.convert("LA"), "PNG"),
+        "png_16bit": encode(Image.fromarray(np.asarray(rgb.convert("L"), np.uint16) * 257), "PNG"),
+        "png_rgb_transparent": encode(rgb, "PNG", transparency=(1, 2, 3)),
+    }
+
+
+def test_picture_sizes_walk_the_headers(tmp_path):
+    """Sizes as Pillow reads them, from JPEGs and PNGs at any offset of a file (a JPEG header
+    past the first 4 KB window too), and their codec; (0, 0, 0) for four components, other
+    formats and PNG types, cut headers, and where libavcodec could decode another frame header
+    than the first."""
+    from kohakuclip.decode._clips import PROBED_CODECS, picture_sizes
+
+    variants = {**_jpeg_variants(), **_png_variants()}
     variants["cut"] = variants["long_exif"][:6000]  # ends inside the Exif segment
+    variants["png_cut"] = variants["png_rgb"][:28]  # ends inside IHDR
     variants["empty"] = b""
     variants["dqt_tail"] = dqt_tail_frame_header()
     path = tmp_path / "all.bin"
@@ -356,15 +376,20 @@ def test_jpeg_sizes_walk_the_headers(tmp_path):
     path.write_bytes(blob)
     fd = os.open(path, os.O_RDONLY)
     try:
-        found = jpeg_sizes([fd] * len(variants), offsets, sizes).tolist()
+        found = picture_sizes([fd] * len(variants), offsets, sizes).tolist()
     finally:
         os.close(fd)
+    fetched = picture_sizes([-1] * len(variants), offsets, sizes, np.frombuffer(blob, np.uint8))
+    assert fetched.tolist() == found
     assert len(variants["long_exif"]) > 20000
-    refused = ("cmyk", "png", "cut", "empty", "two_frame_headers", "jpg0_thumbnail")
+    refused = ("cmyk", "cut", "empty", "two_frame_headers", "jpg0_thumbnail", "png_cut")
+    refused += ("png_palette", "png_alpha", "png_gray_alpha", "png_16bit")
     for (name, data), size in zip(variants.items(), found, strict=True):
         if name == "dqt_tail":  # the segments' header: the compiled drivers check the decoder's
-            assert size == [130, 90]
+            assert size == [130, 90, 0]
             continue
         readable = name not in refused
-        expected = list(Image.open(io.BytesIO(data)).size) if readable else [0, 0]
+        image = Image.open(io.BytesIO(data)) if readable else None
+        codec = PROBED_CODECS.index(image.format.lower()) if image else 0
+        expected = [*image.size, codec] if image else [0, 0, 0]
         assert size == expected, name

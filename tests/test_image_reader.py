@@ -644,6 +644,103 @@ def test_webp_the_compiled_path_leaves_reads_through_pillow(tmp_path):
         assert psnr(image, np.asarray(reference).transpose(2, 0, 1)) > 30
 
 
+def _python_path_codecs(reader: ImageReader, items: list[int]) -> list[str]:
+    """The codecs of ``items`` that ``reader`` decodes on the Python path (one read)."""
+    from kohakuclip.decode.image import ImageDecoder
+
+    seen: list[str] = []
+    original = ImageDecoder.write
+
+    def spy(self, data, codec, *args):  # type: ignore[no-untyped-def]
+        seen.append(codec)
+        return original(self, data, codec, *args)
+
+    ImageDecoder.write = spy  # type: ignore[method-assign]
+    try:
+        reader.read(items, seed=2)
+    finally:
+        ImageDecoder.write = original  # type: ignore[method-assign]
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["rgb", "yuv_resized", "yuv"])
+@pytest.mark.parametrize("container", ["folder", "tar", "zip", "deflated_zip"])
+def test_pngs_decode_compiled_to_the_pixels_of_the_python_path(tmp_path, container, mode):
+    """8-bit RGB and gray PNGs (interlaced too, several of one size in a row) decode in the
+    compiled call through libavcodec, to the bytes, colorspaces and ranges of the Python path
+    (Pillow); palette, alpha, 16-bit and tRNS PNGs leave it for Pillow (alpha onto white).
+    Every image is close to Pillow's own resize of its crop."""
+    from tests.test_clips import _png_variants
+
+    variants = _png_variants()
+    members = {f"{k:02d}_{name}.png": data for k, (name, data) in enumerate(variants.items())}
+    members["20_again_rgb.png"] = encode(Image.fromarray(photo(70, 90, seed=9)), "PNG")
+    members["21_odd.png"] = encode(Image.fromarray(photo(37, 51, seed=10)), "PNG")
+    source = tmp_path / {"folder": "pngs", "tar": "pngs.tar"}.get(container, "pngs.zip")
+    if container == "folder":
+        source.mkdir()
+        for name, data in members.items():
+            (source / name).write_bytes(data)
+    elif container == "tar":
+        write_tar(str(source), members)
+    else:
+        write_zip(str(source), members, deflate=container == "deflated_zip")
+    items = [*range(len(members)), 0, 8, 0]  # 8: again_rgb, of png_rgb's size
+    options = dict(size=32, crop="resized", hflip=0.5, vflip=0.5, mode=mode, yuv_size=128)
+    batches = {}
+    for compiled in (True, False):
+        with ImageReader(str(source), **options) as reader:
+            reader._compiled = compiled
+            batches[compiled] = reader.read(items, seed=6)
+            python = _python_path_codecs(reader, items)
+            assert ("seconds_pixels" in reader.stats()) == compiled
+        left = ["_palette", "_alpha", "_gray_alpha", "_16bit", "_transparent"]
+        assert len(python) == (len(left) if compiled else len(items)), python
+    ours, theirs = batches[True], batches[False]
+    np.testing.assert_array_equal(ours.image, theirs.image)
+    assert ours.colorspaces == theirs.colorspaces
+    np.testing.assert_array_equal(ours.full_range, theirs.full_range)
+    np.testing.assert_array_equal(ours.crops, theirs.crops)
+    if mode != "rgb":
+        return
+    for k, item in enumerate(items):
+        decoded = Image.open(io.BytesIO(list(members.values())[item]))
+        white = Image.new("RGBA", decoded.size, (255, 255, 255, 255))
+        flat = Image.alpha_composite(white, decoded.convert("RGBA")).convert("RGB")
+        if decoded.mode == "I;16":
+            flat = decoded.point(lambda v: v / 257).convert("RGB")
+        x, y, w, h = ours.crops[k]
+        ref = np.asarray(flat.resize((32, 32), Image.Resampling.BILINEAR, box=(x, y, x + w, y + h)))
+        ref = ref.transpose(2, 0, 1)
+        hflip, vflip = ours.flips[k]
+        ref = ref[:, ::-1] if vflip else ref
+        ref = ref[:, :, ::-1] if hflip else ref
+        assert psnr(ours.image[k], ref) > 30, list(members)[item]
+
+
+def test_damaged_pngs_are_named_on_both_paths(tmp_path):
+    """A PNG whose image data is damaged (its checksum fails) or cut short raises an
+    ``ImageReadError`` naming it, on the compiled path as on the Python one; the images
+    beside it are read, and the pool keeps serving."""
+    good = encode(Image.fromarray(photo(60, 80, seed=12)), "PNG")
+    damaged = bytearray(good)
+    idat = damaged.index(b"IDAT")
+    damaged[idat + 40 : idat + 48] = bytes(8)
+    folder = tmp_path / "pngs"
+    folder.mkdir()
+    (folder / "a_good.png").write_bytes(good)
+    (folder / "b_damaged.png").write_bytes(bytes(damaged))
+    (folder / "c_cut.png").write_bytes(good[: len(good) // 2])
+    for compiled in (True, False):
+        with ImageReader(str(folder), size=24, crop="center") as reader:
+            reader._compiled = compiled
+            alone = reader.read([0], seed=1).image[0]
+            for k, name in ((1, "b_damaged"), (2, "c_cut")):
+                with pytest.raises(ImageReadError, match=rf"{name}\.png: "):
+                    reader.read([0, k, 0], seed=1)
+            np.testing.assert_array_equal(reader.read([0], seed=1).image[0], alone)
+
+
 def test_sources_without_images_are_refused_at_open(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "notes").mkdir()

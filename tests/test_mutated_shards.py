@@ -195,7 +195,7 @@ def child(shard: str, work: str, seed: int) -> None:
     scope="module",
     params=[
         *("video zip", "video tar", "image zip", "image tar", "image folder", "image deflated"),
-        *("image av1", "image webp", "gulp dir"),
+        *("image av1", "image webp", "image png", "gulp dir"),
     ],
 )
 def shard(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
@@ -218,6 +218,12 @@ def shard(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if container == "folder":  # plain JPEG files: sized from their headers, compiled code
         os.rename(photos, root / "image_folder")
         return str(root / "image_folder")
+    if container == "png":  # plain RGB and gray PNG files: the same
+        (root / "image_png").mkdir()
+        for i, name in enumerate(sorted(os.listdir(photos))):
+            image = Image.open(photos / name).convert("L" if i == 1 else "RGB")
+            image.save(root / "image_png" / f"{i}.png")
+        return str(root / "image_png")
     if container == "tar":  # a plain (WebDataset) tar: the same, its members without an index
         with tarfile.open(root / "image_plain.tar", "w") as tar:
             for name in sorted(os.listdir(photos)):

@@ -1,6 +1,7 @@
 """PixelWriter's rgb path: the numba conversion against numpy (planes resized by the shared filter,
 which tests/test_resize.py checks against Pillow), the fused 2x box against exact means and
-OpenCV's area filter, flips against numpy flips, and the fallbacks for views and odd crops."""
+OpenCV's area filter, flips against numpy flips, and the fallbacks for views and odd crops; RGB
+pictures in every mode against the resize and OpenCV's conversion and area filter composed."""
 
 from __future__ import annotations
 
@@ -129,3 +130,60 @@ def test_frame_planes_of_full_chroma_and_gray_frames() -> None:
     assert shifts == (0, 0)
     np.testing.assert_array_equal(y[:20, :30], planes[0])
     assert (u == 128).all() and (v == 128).all() and u.shape == y.shape
+
+
+def _reference_rgb_frame(rgb: np.ndarray, crop: Crop, mode: str, side: int, window: int, flips):
+    """What ``write_rgb`` must give, built from the pieces each tested on its own: the window's
+    channels resized (``resize``) and flipped; OpenCV's JFIF conversion after the resize
+    (yuv_resized, chroma halved by ``resize``) or at stored resolution, its chroma halved by
+    OpenCV's area filter over edge-replicated planes (yuv: unflipped, top left of the square)."""
+    hflip, vflip = flips
+    pixels = rgb[crop.y : crop.y + crop.h, crop.x : crop.x + crop.w]
+    if mode == "yuv":
+        ycrcb = cv2.cvtColor(np.ascontiguousarray(pixels), cv2.COLOR_RGB2YCrCb)
+        h, w, ch, cw = crop.h, crop.w, (crop.h + 1) // 2, (crop.w + 1) // 2
+        c = (window + 1) // 2
+        y, u, v = (
+            np.zeros((window, window), np.uint8),
+            np.zeros((c, c), np.uint8),
+            np.zeros((c, c), np.uint8),
+        )
+        y[:h, :w] = ycrcb[..., 0]
+        for plane, k in ((u, 2), (v, 1)):
+            edged = cv2.copyMakeBorder(
+                ycrcb[..., k], 0, 2 * ch - h, 0, 2 * cw - w, cv2.BORDER_REPLICATE
+            )
+            plane[:ch, :cw] = cv2.resize(edged, (cw, ch), interpolation=cv2.INTER_AREA)
+        return np.concatenate([y.ravel(), u.ravel(), v.ravel()])
+    channels = np.stack(
+        [resize(np.ascontiguousarray(pixels[..., k]), side, side) for k in range(3)]
+    )
+    channels = channels[:, ::-1] if vflip else channels
+    channels = channels[:, :, ::-1] if hflip else channels
+    if mode == "rgb":
+        return channels
+    ycrcb = cv2.cvtColor(np.ascontiguousarray(channels.transpose(1, 2, 0)), cv2.COLOR_RGB2YCrCb)
+    c = (side + 1) // 2
+    cb, cr = resize(ycrcb[..., 2], c, c), resize(ycrcb[..., 1], c, c)
+    return np.concatenate([ycrcb[..., 0].ravel(), cb.ravel(), cr.ravel()])
+
+
+@pytest.mark.parametrize("mode", ["rgb", "yuv_resized", "yuv"])
+@pytest.mark.parametrize(
+    ("crop", "side"),
+    [
+        (Crop(3, 5, 70, 61), 32),
+        (Crop(0, 0, 64, 64), 32),
+        (Crop(1, 2, 31, 31), 31),
+        (Crop(8, 9, 17, 23), 40),
+    ],
+)
+@pytest.mark.parametrize("flips", [(False, False), (True, True), (True, False)])
+def test_rgb_pictures_write_as_their_pieces_compose(mode, crop, side, flips) -> None:
+    rng = np.random.default_rng(21)
+    rgb = rng.integers(0, 256, (80, 90, 3), dtype=np.uint8)
+    writer = PixelWriter(side, mode, 96)
+    dst = np.full(PixelWriter.frame_shape(side, mode, 96), 9, np.uint8)
+    writer.write_rgb(rgb, crop, *flips, dst)
+    want = _reference_rgb_frame(rgb, crop, mode, side, 96, flips)
+    np.testing.assert_array_equal(dst.reshape(want.shape), want)

@@ -17,6 +17,7 @@ from kohakuclip.decode._resize import (
     PRECISION_BITS,
     _store_transposed,
     resize,
+    resize_rgb,
     resize_taps,
     resize_window,
     tmp_shape,
@@ -141,6 +142,35 @@ def test_strided_windows_read_like_contiguous_copies() -> None:
             contiguous = resize(np.ascontiguousarray(window), *out)
             np.testing.assert_array_equal(resize(window, *out), contiguous)
             assert np.abs(contiguous.astype(int) - _pillow(window, *out)).max() <= 1
+
+
+@pytest.mark.parametrize(
+    ("window", "out"),
+    [((300, 411), (128, 128)), ((61, 47), (40, 53)), ((64, 90), (32, 45)), ((64, 90), (64, 90))],
+)
+@pytest.mark.parametrize(("hflip", "vflip"), [(False, False), (True, False), (True, True)])
+def test_interleaved_rgb_resizes_as_each_channel_alone(window, out, hflip, vflip) -> None:
+    """``resize_rgb`` on an RGB window inside a wider, padded picture: per channel the bytes of
+    ``resize_window`` on that channel as a contiguous plane (shrinks, an enlargement, the 2x
+    box and the copy)."""
+    rng = np.random.default_rng(14)
+    h, w = window
+    picture = rng.integers(0, 256, (h + 9, 3 * (w + 13) + 5), dtype=np.uint8)  # padded rows
+    pixels = picture[4 : 4 + h, 3 * 7 : 3 * (7 + w)]
+    hs, hw = resize_taps(w, out[1])
+    vs, vw = resize_taps(h, out[0])
+    tmp = np.empty((3 * w, out[0]), np.uint8)
+    got = np.empty((3, *out), np.uint8)
+    resize_rgb(pixels, hs, hw, vs, vw, tmp, got[0], got[1], got[2], hflip, vflip)
+    for c in range(3):
+        plane = np.ascontiguousarray(pixels.reshape(h, w, 3)[:, :, c])
+        want = np.empty(out, np.uint8)
+        resize_window(plane, hs, hw, vs, vw, np.empty((w, out[0]), np.uint8), want, hflip, vflip)
+        np.testing.assert_array_equal(got[c], want)
+    if (h, w) != out and (h, w) != (2 * out[0], 2 * out[1]):  # the filter: three channels' tmp
+        small = np.empty((w, out[0]), np.uint8)
+        with pytest.raises(ValueError, match="tmp is smaller"):
+            resize_rgb(pixels, hs, hw, vs, vw, small, got[0], got[1], got[2], False, False)
 
 
 def test_the_two_shorter_roads_are_pillows_copy_and_reduce() -> None:

@@ -1,4 +1,5 @@
-"""H.264, HEVC and MJPEG through libavcodec's send / receive API, callable from compiled code.
+"""H.264, HEVC, JPEG, WebP and PNG through libavcodec's send / receive API, callable from
+compiled code.
 
 The libraries are the ones inside PyAV's wheel (``av.libs`` / ``av/.dylibs``): loaded globally
 with llvmlite so that numba code calls ``avcodec_send_packet`` and friends by symbol name (and
@@ -11,7 +12,8 @@ The AVFrame and AVPacket fields read or written are plain struct offsets: those 
 platform, unchanged in libavutil 61 / libavcodec 63 (the build in PyAV 19, Python >= 3.12).
 ``library()`` checks them once per process: the library versions against PyAV's, the defaults
 ``av_frame_alloc`` / ``av_packet_alloc`` write, and a decode of a small x264 stream and of JPEG
-pictures (4:2:0, 4:2:2, 4:4:4, gray; full size and lowres) compared with PyAV's (``layout``).
+pictures (4:2:0, 4:2:2, 4:4:4, gray; full size and lowres) and RGB PNGs compared with PyAV's
+(``layout``).
 On any mismatch it warns once and returns None: callers then use PyAV.
 
 The ``library()`` call must come before any compiled code that uses the primitives runs (it
@@ -54,6 +56,7 @@ __all__ = [
     "OTHER",
     "PICTURE_FIELDS",
     "PTS",
+    "RGB",
     "U_ADDRESS",
     "V_ADDRESS",
     "WIDTH",
@@ -85,8 +88,9 @@ _F_FLAGS, _F_COLOR_RANGE, _F_PRIMARIES, _F_TRC, _F_COLORSPACE = 276, 280, 284, 2
 _F_BEST_EFFORT, _F_DECODE_ERROR_FLAGS = 304, 320
 _FRAME_BYTES = 328  # the fields read lie below this
 # AVPacket byte offsets
-_P_BUF, _P_PTS, _P_DTS, _P_DATA, _P_SIZE = 0, 8, 16, 24, 32
+_P_BUF, _P_PTS, _P_DTS, _P_DATA, _P_SIZE, _P_FLAGS = 0, 8, 16, 24, 32, 40
 _P_POS, _P_TIME_BASE = 72, 96
+_PKT_FLAG_KEY = 1  # AV_PKT_FLAG_KEY
 _PACKET_BYTES = 104
 
 _NOPTS = -(2**63)  # AV_NOPTS_VALUE
@@ -102,6 +106,7 @@ _PIX_FMTS = {
     "yuv422p": (4, 1, 0),
     "yuv444p": (5, 2, 0),
     "gray": (8, 3, 0),
+    "rgb24": (2, 4, 0),
     "yuvj420p": (12, 0, 1),
     "yuvj422p": (13, 1, 1),
     "yuvj444p": (14, 2, 1),
@@ -115,16 +120,18 @@ for _value, _code, _full in _PIX_FMTS.values():
 OK, AGAIN, END = 0, 1, 2
 """Statuses of ``send_packet`` / ``receive_frame``: done, EAGAIN (receive / send first), EOF
 (drained). Negative values are AVERROR codes (``error_text`` names them)."""
-YUV420, YUV422, YUV444, GRAY, OTHER = 0, 1, 2, 3, -1
-"""Pixel-format codes in ``picture[FORMAT]`` (8-bit planar; ``OTHER`` for anything else)."""
+YUV420, YUV422, YUV444, GRAY, RGB, OTHER = 0, 1, 2, 3, 4, -1
+"""Pixel-format codes in ``picture[FORMAT]`` (8-bit planar, or ``RGB``: one plane of packed
+8-bit RGB; ``OTHER`` for anything else)."""
 PTS, WIDTH, HEIGHT, FORMAT, FULL_RANGE = 0, 1, 2, 3, 4
 Y_ADDRESS, Y_STRIDE, U_ADDRESS, U_STRIDE, V_ADDRESS, V_STRIDE, CORRUPT = range(5, 12)
 PICTURE_FIELDS = 12
 """Length of the ``picture`` array ``receive_frame`` fills; the indices above name its fields
 (``CORRUPT``: the decoder flagged the frame as damaged, PyAV's ``Frame.is_corrupt``)."""
 
-Codec = Literal["h264", "hevc", "mjpeg", "webp"]
-_CODECS = ("h264", "hevc", "mjpeg", "webp")
+Codec = Literal["h264", "hevc", "mjpeg", "webp", "png"]
+_CODECS = ("h264", "hevc", "mjpeg", "webp", "png")
+_STILL_CODECS = ("mjpeg", "webp", "png")  # one picture per packet, each a key frame
 
 
 class AvcodecError(KohakuClipError, RuntimeError):
@@ -186,10 +193,11 @@ def send_packet(handle: np.ndarray, data_address: int, size: int, pts: int) -> i
 def receive_frame(handle: np.ndarray, picture: np.ndarray) -> int:
     """Take the next decoded frame (display order) into the decoder's AVFrame and describe it
     in ``picture`` (int64, ``PICTURE_FIELDS`` long): pts, width, height, pixel-format code,
-    full range, then address and stride of the Y, U and V planes (U and V 0 for gray), then
-    the corrupt flag. A picture the decoder hands over bottom-up (negative strides: MJPEG
-    after a "Metasoft MJPEG Codec" comment, which stays on in the decoder) is described by
-    its rows in stored order, as Pillow decodes it. The planes stay valid until the next
+    full range, then address and stride of the Y, U and V planes (U and V 0 for gray; for
+    RGB, the one packed plane in Y's place), then the corrupt flag. A picture the decoder
+    hands over bottom-up (negative strides: MJPEG after a "Metasoft MJPEG Codec" comment,
+    which stays on in the decoder) is described by its rows in stored order, as Pillow
+    decodes it. The planes stay valid until the next
     ``receive_frame``, ``unref_frame`` or ``flush``.
 
     Returns 0, 1 (EAGAIN: send more), 2 (EOF: fully drained) or a negative AVERROR.
@@ -213,7 +221,7 @@ def receive_frame(handle: np.ndarray, picture: np.ndarray) -> int:
         full = _FULL_OF_FORMAT[fmt]
     if ints[_F_COLOR_RANGE // 4] == _RANGE_JPEG:
         full = 1
-    planes = 1 if code == GRAY else 3
+    planes = 1 if code in (GRAY, RGB) else 3
     for k in range(3):
         address = words[_F_DATA // 8 + k] if k < planes else 0
         stride = ints[_F_LINESIZE // 4 + k] if k < planes else 0
@@ -298,13 +306,14 @@ def _plane(address: int, rows: int, stride: int) -> np.ndarray:
 
 def planes(picture: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """The Y, U, V planes ``picture`` describes, as arrays over whole rows (stride wide; U
-    and V None for gray), valid while the frame is. 8-bit formats only."""
+    and V None for gray and RGB, whose packed plane stands in Y's place), valid while the
+    frame is. 8-bit formats only."""
     code = int(picture[FORMAT])
     if code == OTHER:
-        raise AvcodecError("not an 8-bit planar YUV / gray picture")
+        raise AvcodecError("not an 8-bit planar YUV, gray or RGB picture")
     height = int(picture[HEIGHT])
     y = _plane(int(picture[Y_ADDRESS]), height, int(picture[Y_STRIDE]))
-    if code == GRAY:
+    if code in (GRAY, RGB):
         return y, None, None
     rows = (height + 1) // 2 if code == YUV420 else height
     u = _plane(int(picture[U_ADDRESS]), rows, int(picture[U_STRIDE]))
@@ -402,6 +411,7 @@ def _check_defaults(lib: Library) -> str | None:
             "AVPacket.pts": (p64[_P_PTS // 8], _NOPTS),
             "AVPacket.dts": (p64[_P_DTS // 8], _NOPTS),
             "AVPacket.data": (p64[_P_DATA // 8], 0),
+            "AVPacket.flags": (p32[_P_FLAGS // 4], 0),
             "AVPacket.pos": (p64[_P_POS // 8], -1),
             "AVPacket.time_base": (p32[_P_TIME_BASE // 4 + 1], 1),
         }
@@ -492,8 +502,8 @@ def library() -> Library | None:
             problems = (lib,) if isinstance(lib, str) else layout()
             if problems:
                 warnings.warn(
-                    f"kohakuclip: H.264 / HEVC / MJPEG decode through PyAV, libavcodec's "
-                    f"direct path is off: {problems[0]}",
+                    "kohakuclip: H.264 / HEVC / JPEG / WebP / PNG decode through PyAV, "
+                    f"libavcodec's direct path is off: {problems[0]}",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -521,12 +531,12 @@ def _free(lib: Library, handle: np.ndarray) -> None:
 
 
 class AvcodecDecoder:
-    """One single-threaded libavcodec decoder (H.264, HEVC, MJPEG or WebP), for one thread
-    at a time, reused across videos and GOPs (``flush`` between them).
+    """One single-threaded libavcodec decoder (H.264, HEVC, MJPEG, WebP or PNG), for one
+    thread at a time, reused across videos and GOPs (``flush`` between them).
 
     Args:
         codec: "h264" or "hevc" (Annex B access units, parameter sets in band), "mjpeg" (one
-            JPEG picture per packet) or "webp" (one WebP file per packet).
+            JPEG picture per packet), "webp" or "png" (one file per packet).
         lowres: MJPEG only: decode at 1/2**lowres of the size (0-3, libjpeg-style DCT
             scaling inside libavcodec's decoder).
         lib: the library (default ``library()``).
@@ -558,8 +568,11 @@ class AvcodecDecoder:
             raise AvcodecError("out of memory opening a decoder")
         options = ctypes.c_void_p()
         wanted = {"threads": "1", "lowres": str(lowres)}
-        # a truncated JPEG (WebP) is an error, not a picture with a grey bottom (as libjpeg)
+        # a truncated JPEG (WebP) is an error, not a picture with a grey bottom (as libjpeg);
+        # a PNG chunk whose checksum fails too (Pillow, which then judges it, checks them)
         strict = {"err_detect": "explode"} if codec in ("mjpeg", "webp") else {}
+        if codec == "png":
+            strict = {"err_detect": "crccheck+explode"}
         # H.264 single-threaded: "fast" only lets the NAL splitter read NAL units without
         # escapes in place (libavcodec's own padded copy of the packet) instead of copying them
         # again: the same pictures (tests, real footage), 4 % less CPU per frame
@@ -578,6 +591,11 @@ class AvcodecDecoder:
         if status < 0 or left:
             self.close()
             raise AvcodecError(f"opening the {codec} decoder failed: {error_text(status)}")
+        if codec in _STILL_CODECS:
+            # every packet a key frame (send_packet leaves the flag): libavcodec's PNG decoder
+            # takes a packet without it, of the last picture's size and format, as the
+            # difference to that picture (PNG inter frames in MOV), whatever the file says
+            ctypes.c_int32.from_address(int(self.handle[1]) + _P_FLAGS).value = _PKT_FLAG_KEY
 
     def close(self) -> None:
         """Free the decoder (also done when it is garbage collected)."""
@@ -608,6 +626,8 @@ def _decode(
                 return status
             y, u, v = planes(picture)
             width, cw = int(picture[WIDTH]), chroma_width(picture)
+            if picture[FORMAT] == RGB:
+                width *= 3
             out.append(
                 (
                     picture.copy(),
@@ -665,8 +685,9 @@ def decode_packets(
             already, or JPEG).
 
     Returns (pts, Y, U, V) per frame in output order, copies cropped to the picture (U and V
-    None for gray). Raises AvcodecError on a corrupt sample or a decoder error, and for
-    formats other than 8-bit yuv420p / yuv422p / yuv444p / gray (``yuvj*`` included).
+    None for gray; for RGB, Y is the packed plane). Raises AvcodecError on a corrupt sample or
+    a decoder error, and for formats other than 8-bit yuv420p / yuv422p / yuv444p / gray /
+    rgb24 (``yuvj*`` included).
     """
     return [
         (int(picture[PTS]), y, u, v)
@@ -692,12 +713,14 @@ def _pyav_frames(
             packet = av.Packet(len(data))  # a padded copy (see video.padded_packet)
             packet.update(data)
             packet.pts = pts
+            packet.is_keyframe = codec != "h264"  # pictures: each a key frame
         for frame in ctx.decode(packet):
             arrays = []
             for k, plane in enumerate(frame.planes):
                 rows = frame.height if k == 0 else plane.height
                 view = np.frombuffer(plane, np.uint8).reshape(rows, plane.line_size)
-                arrays.append(view[:, : plane.width].copy())
+                columns = 3 * frame.width if frame.format.name == "rgb24" else plane.width
+                arrays.append(view[:, :columns].copy())
             frames.append(
                 (int(frame.pts), frame.format.name, int(frame.color_range), tuple(arrays))
             )
@@ -705,7 +728,8 @@ def _pyav_frames(
 
 
 def _layout_streams() -> list[tuple[str, int, list[tuple[bytes, int]]]]:
-    """(codec, lowres, packets): a B-frame x264 stream with two GOPs at 98x70, and JPEGs."""
+    """(codec, lowres, packets): a B-frame x264 stream with two GOPs at 98x70, JPEGs and PNGs
+    (RGB, gray)."""
     import io
 
     import av
@@ -734,7 +758,18 @@ def _layout_streams() -> list[tuple[str, int, list[tuple[bytes, int]]]]:
         buf = io.BytesIO()
         image.save(buf, "JPEG", quality=90, subsampling=subsampling)
         pictures.append((buf.getvalue(), k))
-    return [("h264", 0, encoded), ("mjpeg", 0, pictures), ("mjpeg", 1, pictures)]
+    pngs = []  # two RGB pictures of one size: the second must not read as a difference
+    for k, mode in enumerate(("RGB", "RGB", "L")):
+        pixels = np.dstack([(xx * 5 + yy * 2) % 256, (yy * 7) % 256, rng.integers(0, 256, (h, w))])
+        buf = io.BytesIO()
+        Image.fromarray(pixels.astype(np.uint8)).convert(mode).save(buf, "PNG")
+        pngs.append((buf.getvalue(), k))
+    return [
+        ("h264", 0, encoded),
+        ("mjpeg", 0, pictures),
+        ("mjpeg", 1, pictures),
+        ("png", 0, pngs),
+    ]
 
 
 _FORMAT_CODES = {name: code for name, (_, code, _) in _PIX_FMTS.items()}
@@ -743,9 +778,9 @@ _FORMAT_CODES = {name: code for name, (_, code, _) in _PIX_FMTS.items()}
 @cache
 def layout() -> tuple[str, ...]:
     """Check the struct offsets by decoding small streams (x264 with B-frames and two GOPs;
-    JPEGs at 4:2:0, 4:2:2, 4:4:4 and gray, full size and lowres 1) with the primitives and
-    with PyAV: planes, pts, size, pixel format and range must agree. Returns the mismatches
-    (empty: the direct path is sound)."""
+    JPEGs at 4:2:0, 4:2:2, 4:4:4 and gray, full size and lowres 1; RGB and gray PNGs) with
+    the primitives and with PyAV: planes, pts, size, pixel format and range must agree.
+    Returns the mismatches (empty: the direct path is sound)."""
     lib = _libraries()
     if isinstance(lib, str):
         return (lib,)
@@ -772,7 +807,7 @@ def layout() -> tuple[str, ...]:
             )
             expected = (
                 pts,
-                theirs[0].shape[1],
+                theirs[0].shape[1] // (3 if fmt == "rgb24" else 1),
                 theirs[0].shape[0],
                 _FORMAT_CODES.get(fmt, OTHER),
                 int(fmt.startswith("yuvj") or color_range == _RANGE_JPEG),

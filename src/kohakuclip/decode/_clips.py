@@ -40,12 +40,20 @@ from numba import carray, types
 from kohakuclip.decode import _avcodec, _dav1d
 from kohakuclip.decode._copy import copy_bytes
 from kohakuclip.decode._dav1d import _voidptr
-from kohakuclip.decode._frame import MODES, Scratch, frame_taps, new_scratch, write_frame
+from kohakuclip.decode._frame import (
+    MODES,
+    Scratch,
+    frame_taps,
+    new_scratch,
+    write_frame,
+    write_rgb_frame,
+)
 from kohakuclip.decode._syscalls import load_libc, read_fully
 
 __all__ = [
     "MISSING_FRAME",
     "OK",
+    "PROBED_CODECS",
     "RETRY_ALONE",
     "UNSUPPORTED_FORMAT",
     "AvcodecClips",
@@ -54,8 +62,8 @@ __all__ = [
     "ShareTables",
     "close_files",
     "describe",
-    "jpeg_sizes",
-    "open_jpeg_files",
+    "open_picture_files",
+    "picture_sizes",
 ]
 
 
@@ -107,17 +115,49 @@ def _now(clock: np.ndarray) -> int:
     return clock[0] * 1_000_000_000 + clock[1]
 
 
+PROBED_CODECS = ("jpeg", "png")
+"""The codecs ``picture_sizes`` and ``open_picture_files`` size, by the index they report."""
 _PROBE_WINDOW = 4096  # bytes read at a time while walking a JPEG's marker segments
 _SOF_FIRST, _SOF_LAST = 0xC0, 0xC2  # baseline, extended sequential, progressive (Huffman)
 
 
+_PNG_SIGNATURE = np.frombuffer(b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR", np.uint8)
+_PNG_GRAY, _PNG_RGB = 0, 2  # the colour types libavcodec gives as gray8 / rgb24 (8-bit)
+
+
 @numba.njit(inline="always")
-def _jpeg_size(
+def _png_size(window: np.ndarray, have: int) -> tuple[int, int]:
+    """(width, height) from the IHDR chunk of a PNG whose first ``have`` bytes are in
+    ``window``; (0, 0) for anything but an 8-bit gray or RGB PNG (palette, alpha and 16-bit
+    ones decode to other pixel formats), or sides past 65535."""
+    if have < 29:
+        return 0, 0
+    for k in range(len(_PNG_SIGNATURE)):
+        if window[k] != _PNG_SIGNATURE[k]:
+            return 0, 0
+    width, height = 0, 0
+    for k in range(4):
+        width = (width << 8) | int(window[16 + k])
+        height = (height << 8) | int(window[20 + k])
+    depth, colour, compression, filtering = window[24], window[25], window[26], window[27]
+    interlace = window[28]
+    if depth != 8 or (colour != _PNG_GRAY and colour != _PNG_RGB) or compression or filtering:
+        return 0, 0
+    if interlace > 1 or not (0 < width <= 65535 and 0 < height <= 65535):
+        return 0, 0
+    return width, height
+
+
+@numba.njit(inline="always")
+def _picture_size(
     fd: int, offset: int, size: int, window: np.ndarray, source: np.ndarray
-) -> tuple[int, int]:
-    """(width, height) from the frame header of the JPEG at ``offset`` (``size`` bytes) of the
-    descriptor ``fd``, or of ``source`` (bytes already fetched) when ``fd`` is -1; or
-    (0, 0): not a JPEG, a frame type libavcodec does not decode as every reader must (arithmetic
+) -> tuple[int, int, int]:
+    """(width, height, codec: ``PROBED_CODECS`` index) from the header of the image at
+    ``offset`` (``size`` bytes) of the descriptor ``fd``, or of ``source`` (bytes already
+    fetched) when ``fd`` is -1: a PNG's IHDR (``_png_size``), or a JPEG's frame header; or
+    (0, 0, 0): neither, or not one the compiled path takes, or a read error.
+
+    JPEG: (0, 0) for a frame type libavcodec does not decode as every reader must (arithmetic
     coding, lossless, hierarchical, 12-bit, 2 or 4 components, a height given later), a
     header past the image's end, a read error. The walk goes on to the first scan, skipping
     only the segments libavcodec skips whole too (tables, restart interval, APPn, comments):
@@ -132,19 +172,22 @@ def _jpeg_size(
             have = min(len(window), size - pos)
             if fd >= 0:
                 if not read_fully(fd, window, have, offset + pos):
-                    return 0, 0
+                    return 0, 0, 0
             elif offset + pos + have <= len(source):
                 copy_bytes(window[:have], source[offset + pos : offset + pos + have])
             else:
-                return 0, 0
+                return 0, 0, 0
         at = pos - base
         if pos == 0:
+            if window[0] == 0x89:
+                width, height = _png_size(window, have)
+                return width, height, (1 if width else 0)
             if window[0] != 0xFF or window[1] != 0xD8:
-                return 0, 0
+                return 0, 0, 0
             pos = 2
             continue
         if window[at] != 0xFF:
-            return 0, 0
+            return 0, 0, 0
         marker = window[at + 1]
         if marker == 0xFF:  # a fill byte
             pos += 1
@@ -153,32 +196,34 @@ def _jpeg_size(
             pos += 2
             continue
         if marker == 0xDA:  # the first scan: the frame header must have come
-            return found_width, found_height
+            return found_width, found_height, 0
         if _SOF_FIRST <= marker <= _SOF_LAST:
             height = (np.int64(window[at + 5]) << 8) | window[at + 6]
             width = (np.int64(window[at + 7]) << 8) | window[at + 8]
             components = window[at + 9]
             if found_width > 0 or window[at + 4] != 8 or height == 0:
-                return 0, 0  # a second frame header, 12-bit, a height given later
+                return 0, 0, 0  # a second frame header, 12-bit, a height given later
             if components != 1 and components != 3:
-                return 0, 0
+                return 0, 0, 0
             found_width, found_height = width, height
         elif not (marker in (0xC4, 0xDB, 0xDD, 0xFE) or 0xE0 <= marker <= 0xEF):
-            return 0, 0  # another frame type, a marker libavcodec does not skip whole
+            return 0, 0, 0  # another frame type, a marker libavcodec does not skip whole
         length = (np.int64(window[at + 2]) << 8) | window[at + 3]
         if length < 2:
-            return 0, 0
+            return 0, 0, 0
         pos += 2 + length
-    return 0, 0
+    return 0, 0, 0
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def _jpeg_sizes(
+def _picture_sizes(
     fds: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, source: np.ndarray, out: np.ndarray
 ) -> None:
     window = np.empty(_PROBE_WINDOW, np.uint8)
     for i in range(len(fds)):
-        out[i, 0], out[i, 1] = _jpeg_size(fds[i], offsets[i], sizes[i], window, source)
+        out[i, 0], out[i, 1], out[i, 2] = _picture_size(
+            fds[i], offsets[i], sizes[i], window, source
+        )
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
@@ -191,18 +236,21 @@ def _open_and_probe(paths: np.ndarray, starts: np.ndarray, flags: int, out: np.n
         if fd < 0:
             continue
         size = _lseek(fd, 0, _SEEK_END)  # -1 for a FIFO, a socket or a device
-        width, height = _jpeg_size(fd, 0, size, window, nothing) if size > 0 else (0, 0)
+        width, height, codec = 0, 0, 0
+        if size > 0:
+            width, height, codec = _picture_size(fd, 0, size, window, nothing)
         if width == 0:
             _close(fd)
             continue
-        out[i, 0], out[i, 1], out[i, 2], out[i, 3] = width, height, fd, size
+        out[i, 0], out[i, 1], out[i, 2], out[i, 3], out[i, 4] = width, height, fd, size, codec
 
 
-def open_jpeg_files(paths: Sequence[str]) -> np.ndarray:
-    """Open image files and read their JPEG headers in one compiled call (no GIL): a folder's
-    images then take the compiled decode without a GIL hand-off per file. int64 [N, 4]: width,
-    height, descriptor, size; -1 in every column where the file did not open or is not a JPEG
-    ``jpeg_sizes`` sizes (nothing is left open there). Close the rest with ``close_files``.
+def open_picture_files(paths: Sequence[str]) -> np.ndarray:
+    """Open image files and read their JPEG or PNG headers in one compiled call (no GIL): a
+    folder's images then take the compiled decode without a GIL hand-off per file. int64
+    [N, 5]: width, height, descriptor, size, codec (``PROBED_CODECS`` index); -1 in every
+    column where the file did not open or is not an image ``picture_sizes`` sizes (nothing is
+    left open there). Close the rest with ``close_files``.
 
     Args:
         paths: the files.
@@ -212,7 +260,7 @@ def open_jpeg_files(paths: Sequence[str]) -> np.ndarray:
     starts = np.zeros(len(encoded), np.int64)
     starts[1:] = np.cumsum([len(e) for e in encoded[:-1]])
     blob = np.frombuffer(b"".join(encoded) or b"\0", np.uint8)
-    out = np.empty((len(encoded), 4), np.int64)
+    out = np.empty((len(encoded), 5), np.int64)
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     _open_and_probe(blob, starts, flags, out)
     return out
@@ -228,22 +276,23 @@ def close_files(fds: Sequence[int]) -> None:
     """Close descriptors in one compiled call (no GIL hand-off per file).
 
     Args:
-        fds: descriptors ``open_jpeg_files`` opened.
+        fds: descriptors ``open_picture_files`` opened.
     """
     _close_all(np.asarray(fds, np.int64))
 
 
-def jpeg_sizes(
+def picture_sizes(
     fds: Sequence[int],
     offsets: Sequence[int],
     sizes: Sequence[int],
     source: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The (width, height) of JPEGs read from descriptors, or from bytes already fetched,
-    walking their marker segments in one compiled call (no GIL; a few ``pread`` each): images
-    whose sources record no size (archive members, gulp frames) can then take the compiled
-    decode. int64 [N, 2]; (0, 0) where the bytes are not a JPEG libavcodec decodes as every
-    reader must (see ``_jpeg_size``).
+    """The (width, height, codec) of JPEGs and PNGs read from descriptors, or from bytes
+    already fetched, from their headers in one compiled call (no GIL; a few ``pread`` each):
+    images whose sources record no size (archive members, gulp frames) can then take the
+    compiled decode. int64 [N, 3], the codec as a ``PROBED_CODECS`` index; (0, 0, 0) where
+    the bytes are not an image the compiled path decodes as every reader must (see
+    ``_picture_size``).
 
     Args:
         fds: a descriptor per image, or -1: its bytes are in ``source``.
@@ -252,10 +301,10 @@ def jpeg_sizes(
         source: uint8, the bytes of the images whose descriptor is -1.
     """
     load_libc()
-    out = np.zeros((len(fds), 2), np.int64)
+    out = np.zeros((len(fds), 3), np.int64)
     fd, offset, size = (np.asarray(a, np.int64) for a in (fds, offsets, sizes))
     fetched = np.zeros(0, np.uint8) if source is None else source
-    _jpeg_sizes(fd, offset, size, fetched, out)
+    _picture_sizes(fd, offset, size, fetched, out)
     return out
 
 
@@ -313,27 +362,34 @@ def _place(
     v: np.ndarray,
     written: np.ndarray,
     output: Output,
+    rgb: bool = False,
 ) -> None:
-    """Write a decoded picture into the output frames of target ``t`` of clip ``c``."""
+    """Write a decoded picture into the output frames of target ``t`` of clip ``c`` (``rgb``:
+    ``y`` is a packed RGB picture, ``u`` and ``v`` unused)."""
     clips, _, _, _, targets, positions, _, matrices, _ = share
     out, scratch, settings = output
     written[t] = True
     first = positions[targets[t, 1]]
     slot = clips[c, SLOT]
-    write_frame(
-        y,
-        u,
-        v,
-        crop,
-        matrices[clips[c, MATRIX]],
-        settings[0],
-        settings[1],
-        settings[2],
-        taps[0],
-        taps[1],
-        scratch,
-        out[slot, first],
-    )
+    if rgb:
+        write_rgb_frame(
+            y, crop, settings[0], settings[1], settings[2], taps[0], scratch, out[slot, first]
+        )
+    else:
+        write_frame(
+            y,
+            u,
+            v,
+            crop,
+            matrices[clips[c, MATRIX]],
+            settings[0],
+            settings[1],
+            settings[2],
+            taps[0],
+            taps[1],
+            scratch,
+            out[slot, first],
+        )
     for p in range(targets[t, 1] + 1, targets[t, 2]):
         copy_bytes(out[slot, positions[p]], out[slot, first])
 
@@ -551,7 +607,7 @@ def _take_frames(
                 continue
             start = _now(clock)
             y = _plane(picture, _avcodec.Y_ADDRESS, ph)
-            if fmt == _avcodec.GRAY:
+            if fmt == _avcodec.GRAY or fmt == _avcodec.RGB:
                 u = v = neutral
                 sx, sy = 0, 0
             else:
@@ -561,7 +617,8 @@ def _take_frames(
             if crops[0, 6] != sx or crops[0, 7] != sy:
                 crops[:, 6], crops[:, 7] = sx, sy
                 taps = frame_taps(crops[0], output[2][0], output[2][1])
-            _place(share, m, t, crops[m - c], taps, y, u, v, written, output)
+            rgb = fmt == _avcodec.RGB
+            _place(share, m, t, crops[m - c], taps, y, u, v, written, output, rgb)
             counts[1] += _now(clock) - start
         _avcodec.unref_frame(handle)
 
@@ -862,9 +919,9 @@ class _Driver:
         s, rows, cols = tables.size, max(tables.longest, 2), max(tables.size, tables.window)
         kept = self._scratch
         if kept is not None and kept[1].shape[0] == s and kept[0].shape[1] >= cols:
-            if kept[0].shape[0] >= rows:
+            if kept[0].shape[0] >= 3 * rows:  # new_scratch's tmp: three rows per window side
                 return kept
-            rows = max(rows, 2 * kept[0].shape[0])
+            rows = max(rows, 2 * kept[0].shape[0] // 3)
         self._scratch = new_scratch(rows, s, tables.window)
         return self._scratch
 

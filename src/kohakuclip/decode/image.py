@@ -18,13 +18,11 @@ from __future__ import annotations
 import io
 from typing import Any
 
-import cv2
 import numpy as np
 import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
-from kohakuclip.decode._resize import Resizer
-from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, frame_planes, yuv420_planes
+from kohakuclip.decode.pixels import Crop, OutputMode, PixelWriter, frame_planes
 from kohakuclip.decode.video import padded_packet
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import COLOR_BT709, COLOR_FULL_RANGE
@@ -47,9 +45,9 @@ JPEG_COLORSPACE = "bt601"
 
 def stored_color(codec: str, color: int) -> tuple[str, bool]:
     """The matrix and range of a stored image's decoded planes: JPEG's YCbCr (full range
-    BT.601), WebP's (lossy WebP is VP8: limited range BT.601), or an AV1 image's from its index
-    entry's ``color`` flags."""
-    if codec == "jpeg":
+    BT.601; also of RGB-decoded images such as PNG, converted to it), WebP's (lossy WebP is
+    VP8: limited range BT.601), or an AV1 image's from its index entry's ``color`` flags."""
+    if codec in ("jpeg", "png"):
         return JPEG_COLORSPACE, True
     if codec == "webp":
         return "bt601", False
@@ -121,13 +119,7 @@ class ImageDecoder:
         self.size = size
         self.mode = mode
         self.window = window
-        self._rgb = np.empty((size, size, 3), np.uint8)
-        self._resize = Resizer()
-        self._ycrcb = np.empty((size, size, 3), np.uint8)
-        self._cr = np.empty((size, size), np.uint8)
-        self._cb = np.empty((size, size), np.uint8)
         self._decoded = np.empty(0, np.uint8)
-        self._window_ycrcb = np.empty(0, np.uint8)
         self._planes = PixelWriter(size, mode, window)
         self._av1: Any = None  # libdav1d CodecContext, made on first use
         self._webp: Any = None  # libavcodec's WebP CodecContext, made on first use
@@ -189,11 +181,8 @@ class ImageDecoder:
             data, width, height, crop, hflip, vflip, scaling, dst
         ):
             return self._rgb_decoded()
-        rgb = self._decode_rgb(data, codec, width, height, crop, scaling)
-        if self.mode == "yuv":
-            self._window_planes(rgb, dst)
-        else:
-            self._finish_rgb(rgb, hflip, vflip, dst)
+        rgb, window = self._decode_rgb(data, codec, width, height, crop, scaling)
+        self._planes.write_rgb(rgb, window, hflip, vflip, dst)
         return self._rgb_decoded()
 
     def _rgb_decoded(self) -> tuple[str, bool]:
@@ -244,15 +233,14 @@ class ImageDecoder:
 
     def _decode_rgb(
         self, data: bytes, codec: str, width: int, height: int, crop: Crop, dct_scale: bool
-    ) -> np.ndarray:
-        """The crop window of the decoded image, uint8 [h, w, 3] (maybe DCT-shrunk)."""
+    ) -> tuple[np.ndarray, Crop]:
+        """The decoded image, uint8 [H, W, 3] (maybe DCT-shrunk), and the crop window in it."""
         full = None
         if codec == "jpeg":
             full = self._decode_jpeg(data, width, height, crop, dct_scale)
         if full is None:
             full = _decode_with_pillow(data)
-        x, y, w, h = _window_at(width, height, crop, full.shape[1], full.shape[0])
-        return full[y : y + h, x : x + w]
+        return full, Crop(*_window_at(width, height, crop, full.shape[1], full.shape[0]))
 
     def _decode_jpeg(
         self, data: bytes, width: int, height: int, crop: Crop, dct_scale: bool
@@ -282,37 +270,6 @@ class ImageDecoder:
             )
         except ValueError as e:
             raise ImageDecodeError(f"libjpeg-turbo cannot decode it ({e})") from None
-
-    def _finish_rgb(self, window: np.ndarray, hflip: bool, vflip: bool, dst: np.ndarray) -> None:
-        """The window's channels resized (flipped) into planar RGB, or into 4:2:0 planes."""
-        if self.mode == "rgb":
-            for c in range(3):
-                self._resize(window[:, :, c], dst[c], hflip, vflip)
-            return
-        for c in range(3):
-            self._resize(window[:, :, c], self._rgb[:, :, c], hflip, vflip)
-        y, u, v = yuv420_planes(dst, self.size)
-        cv2.cvtColor(self._rgb, cv2.COLOR_RGB2YCrCb, dst=self._ycrcb)  # JFIF: full-range BT.601
-        cv2.split(self._ycrcb, [y, self._cr, self._cb])
-        self._resize(self._cb, u)
-        self._resize(self._cr, v)
-
-    def _window_planes(self, window: np.ndarray, dst: np.ndarray) -> None:
-        """The window's full-range BT.601 planes at stored resolution, top-left, unflipped."""
-        h, w = window.shape[:2]
-        need = h * w * 3
-        if self._window_ycrcb.size < need:
-            self._window_ycrcb = np.empty(need, np.uint8)
-        ycrcb = self._window_ycrcb[:need].reshape(h, w, 3)
-        cv2.cvtColor(np.ascontiguousarray(window), cv2.COLOR_RGB2YCrCb, dst=ycrcb)
-        y, u, v = yuv420_planes(dst, self.window)
-        cv2.extractChannel(ycrcb, 0, dst=y[:h, :w])
-        ch, cw = (h + 1) // 2, (w + 1) // 2
-        for channel, plane in ((2, u), (1, v)):
-            full = cv2.extractChannel(ycrcb, channel)
-            if (h, w) != (2 * ch, 2 * cw):  # odd size: repeat the last row / column
-                full = cv2.copyMakeBorder(full, 0, 2 * ch - h, 0, 2 * cw - w, cv2.BORDER_REPLICATE)
-            cv2.resize(full, (cw, ch), dst=plane[:ch, :cw], interpolation=cv2.INTER_AREA)
 
     def _decode_webp(self, data: bytes) -> Any:
         """A lossy WebP's 8-bit 4:2:0 picture through libavcodec (what the compiled path

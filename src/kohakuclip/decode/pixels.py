@@ -193,26 +193,48 @@ class PixelWriter:
     ) -> None:
         """Write one frame's output into ``dst`` (shape ``frame_shape``); ``shifts``: the
         chroma subsampling as (x, y) shifts ((1, 1) for 4:2:0, (0, 0) for 4:4:4)."""
-        from kohakuclip.decode._frame import MODES, frame_taps, new_scratch, write_frame
+        from kohakuclip.decode._frame import write_frame
 
-        s = self.size
-        rows = max(crop.w, crop.h, 2)
-        if self._scratch is None or self._scratch[0].shape[0] < rows:
-            self._scratch = new_scratch(rows, s, self.window)
-        row = np.array([crop.x, crop.y, crop.w, crop.h, hflip, vflip, *shifts], np.int64)
-        mode = MODES.index(self.mode)
-        key = (crop.x & 1, crop.y & 1, crop.w, crop.h, *shifts)
-        taps = self._taps.get(key)
-        if taps is None:
-            taps = self._taps[key] = frame_taps(row, mode, s)
+        row, mode, taps, scratch = self._prepare(crop, hflip, vflip, shifts)
         write_frame(
             *planes,
             row,
             self.matrix(colorspace, full_range),
             mode,
-            s,
+            self.size,
             self.window,
             *taps,
-            self._scratch,
+            scratch,
             dst.reshape(-1),
         )
+
+    def write_rgb(
+        self, rgb: np.ndarray, crop: Crop, hflip: bool, vflip: bool, dst: np.ndarray
+    ) -> None:
+        """Write the output of an RGB picture (uint8 [H, W, 3], C-contiguous) into ``dst``
+        (shape ``frame_shape``); the yuv modes take its JFIF YCbCr (full-range BT.601)."""
+        from kohakuclip.decode._frame import write_rgb_frame
+
+        row, mode, taps, scratch = self._prepare(crop, hflip, vflip, (0, 0))
+        height, width = rgb.shape[:2]
+        flat = rgb.reshape(height, 3 * width)
+        write_rgb_frame(flat, row, mode, self.size, self.window, taps[0], scratch, dst.reshape(-1))
+
+    def _prepare(
+        self, crop: Crop, hflip: bool, vflip: bool, shifts: tuple[int, int]
+    ) -> tuple[np.ndarray, int, tuple[Taps, Taps], Scratch]:
+        """The crop row, the mode's number and the taps of a frame, and the scratch, grown to
+        its window."""
+        from kohakuclip.decode._frame import MODES, frame_taps, new_scratch
+
+        rows = max(crop.w, crop.h, 2)
+        scratch = self._scratch
+        if scratch is None or scratch[0].shape[0] < 3 * rows:
+            scratch = self._scratch = new_scratch(rows, self.size, self.window)
+        row = np.array([crop.x, crop.y, crop.w, crop.h, hflip, vflip, *shifts], np.int64)
+        mode = MODES.index(self.mode)
+        key = (crop.x & 1, crop.y & 1, crop.w, crop.h, *shifts)
+        taps = self._taps.get(key)
+        if taps is None:
+            taps = self._taps[key] = frame_taps(row, mode, self.size)
+        return row, mode, taps, scratch

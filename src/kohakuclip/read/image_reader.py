@@ -43,6 +43,7 @@ from kohakuclip.storage.image_resolve import ImageLocation
 from kohakuclip.storage.remote import ObjectStoreError
 
 if TYPE_CHECKING:
+    from kohakuclip.decode._avcodec import Codec
     from kohakuclip.decode._clips import AvcodecClips, Dav1dClips, ShareTables
 
 __all__ = ["ImageBatch", "ImageInfo", "ImageReadError", "ImageReader"]
@@ -93,13 +94,13 @@ class ImageBatch:
 _MATRICES = {(c, f): yuv_to_rgb_matrix(c, f) for c in ("bt601", "bt709") for f in (False, True)}
 _JPEG_MAX_SIDE = 65535  # a JPEG frame header's 16-bit width and height
 _GRAY_PLANE_SIDE = 8192  # gray JPEGs larger than this (after the DCT shrink) take the PyAV path
-_WEBP_ROW = 4  # the WebP decoder's row in the "avcodec" driver, after JPEG's four scalings
+_WEBP_ROW, _PNG_ROW = 4, 5  # their decoders' rows in the "avcodec" driver, after JPEG's four
 _COMPILED_GROUP = 64  # images per compiled call: bounds the files of a folder open at once
 
 
 def _compiled_codec(codec: str) -> bool:
     """Whether images of ``codec`` can take a compiled decoder here (its library found)."""
-    if codec in ("jpeg", "webp"):
+    if codec in ("jpeg", "webp", "png"):
         return avcodec_found()
     if codec == "av1":
         from kohakuclip.decode._dav1d import library
@@ -115,7 +116,8 @@ def _picture_plan(offset: int, size: int) -> ClipPlan:
 
 class _ImageWorker:
     """Per-thread state: the Python-path decoder and the compiled decoders, made on first use:
-    libavcodec's JPEG (one per DCT scaling) and WebP decoders, and libdav1d (AV1 images)."""
+    libavcodec's JPEG (one per DCT scaling), WebP and PNG decoders, and libdav1d (AV1
+    images)."""
 
     def __init__(self, size: int, mode: OutputMode, yuv_size: int) -> None:
         self.decoder = ImageDecoder(size, mode, yuv_size)
@@ -129,7 +131,7 @@ class _ImageWorker:
 
     def compiled(self, library: str) -> AvcodecClips | Dav1dClips:
         """The compiled decoder of ``library`` ("avcodec": JPEG at its DCT scalings, rows
-        0-3, and WebP, row 4; "dav1d": AV1)."""
+        0-3, WebP, row 4, and PNG, row 5; "dav1d": AV1)."""
         driver = self._compiled.get(library)
         if driver is None:
             from kohakuclip.decode._clips import AvcodecClips, Dav1dClips
@@ -137,7 +139,8 @@ class _ImageWorker:
             if library == "dav1d":
                 driver = Dav1dClips()
             else:
-                driver = AvcodecClips([*(("mjpeg", lowres) for lowres in range(4)), ("webp", 0)])
+                jpeg: list[tuple[Codec, int]] = [("mjpeg", lowres) for lowres in range(4)]
+                driver = AvcodecClips([*jpeg, ("webp", 0), ("png", 0)])
             self._compiled[library] = driver
         return driver
 
@@ -347,7 +350,8 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         return [self._share_task(batch, s, seed, files) for s in shares]
 
     def _share_task(self, batch: ImageBatch, share: list[int], seed: int, files: FileCache) -> Any:
-        """One thread's part of a batch: stored JPEGs go through compiled libavcodec, one call
+        """One thread's part of a batch: what the compiled path takes (JPEG, WebP, PNG, AV1)
+        goes through compiled libavcodec / libdav1d, one call
         per ``_COMPILED_GROUP`` images (no GIL inside), the rest one by one. The first failing
         image's error is raised once the others are written."""
 
@@ -452,7 +456,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         for i in share:
             try:
                 loc = self._catalog.locate(batch.items[i])
-                if loc.width != 0 or loc.codec not in ("", "jpeg"):
+                if loc.width != 0 or loc.codec not in ("", "jpeg", "png"):
                     continue
                 if loc.compressed:
                     if loc.size > 0 and zlib_found():
@@ -473,14 +477,14 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         found: dict[int, _Header] = {}
         if members:
             positions, fds, offsets, sizes = zip(*members, strict=True)
-            sized = _clips.jpeg_sizes(fds, offsets, sizes).tolist()
-            for i, fd, size, (w, h) in zip(positions, fds, sizes, sized, strict=True):
-                found[i] = _Header(w, h, fd, size)
+            sized = _clips.picture_sizes(fds, offsets, sizes).tolist()
+            for i, fd, size, (w, h, codec) in zip(positions, fds, sizes, sized, strict=True):
+                found[i] = _Header(w, h, fd, size, _clips.PROBED_CODECS[codec])
         if loose:
-            opened = _clips.open_jpeg_files([path for _, path in loose]).tolist()
-            descriptors.callback(_clips.close_files, [fd for _, _, fd, _ in opened if fd >= 0])
-            for (i, _), (w, h, fd, size) in zip(loose, opened, strict=True):
-                found[i] = _Header(w, h, fd, size)
+            opened = _clips.open_picture_files([path for _, path in loose]).tolist()
+            descriptors.callback(_clips.close_files, [row[2] for row in opened if row[2] >= 0])
+            for (i, _), (w, h, fd, size, codec) in zip(loose, opened, strict=True):
+                found[i] = _Header(w, h, fd, size, _clips.PROBED_CODECS[codec])
         fetched = self._probe_fetched(remote, deflated, found) if remote or deflated else {}
         headers = {
             i: header
@@ -516,11 +520,11 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         if remote:
             stored = len(remote)
             sizes = [loc.size for _, loc in remote]
-            sized = _clips.jpeg_sizes([-1] * stored, starts[:stored], sizes, buffer).tolist()
-            for (i, loc), (obj, offset, _), start, (w, h) in zip(
+            sized = _clips.picture_sizes([-1] * stored, starts[:stored], sizes, buffer).tolist()
+            for (i, loc), (obj, offset, _), start, (w, h, codec) in zip(
                 remote, wanted[:stored], starts[:stored], sized, strict=True
             ):
-                found[i] = _Header(w, h, -1, loc.size)
+                found[i] = _Header(w, h, -1, loc.size, _clips.PROBED_CODECS[codec])
                 fetched[i] = _Fetched(
                     (obj.url, offset, loc.size), buffer[start : start + loc.size].data
                 )
@@ -542,7 +546,8 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         """Plan image ``i`` into the compiled tables of its codec's library (``tables``: JPEG
         and WebP through libavcodec, AV1 through libdav1d; made when first needed); returns
         the bytes it reads, and whether a failure there goes to the Python path to be judged
-        (JPEGs sized from their headers, not an index; WebP, which Pillow may still read).
+        (images sized from their headers, not an index; WebP and PNG, which Pillow may still
+        read).
         Raises _NotCompiled for what the Python path takes (other codecs, deflated members not
         inflated already, sizes neither in the index nor ``probed`` from the JPEG's header).
         ``fetched``: its bytes from the probe (inflated ones are handed to the tables)."""
@@ -551,7 +556,7 @@ class ImageReader(ReaderBase[int, ImageBatch]):
         if probed is not None:
             width, height, size = probed.width, probed.height, probed.size
         inflated = fetched.data if fetched is not None and fetched.key is None else None
-        codec = "jpeg" if probed is not None else loc.codec
+        codec = probed.codec if probed is not None else loc.codec
         stored = size > 0 and (inflated is not None or not loc.compressed) and width > 0
         if not (self._compiled and stored and _compiled_codec(codec)):
             raise _NotCompiled
@@ -588,18 +593,19 @@ class ImageReader(ReaderBase[int, ImageBatch]):
             window,
             (hflip, vflip),
             _MATRICES[colorspace, full],
-            decoder=_WEBP_ROW if codec == "webp" else d.bit_length() - 1,
+            decoder={"webp": _WEBP_ROW, "png": _PNG_ROW}.get(codec, d.bit_length() - 1),
             remote=loc.remote if inflated is None else None,
             picture=(-(-width // d), -(-height // d)),
             data=inflated,
         )
-        if codec == "jpeg":
+        if codec in ("jpeg", "png"):
             # the 128-filled chroma plane of gray pictures, sized from the index but bounded: a
             # damaged index must not allocate gigabytes (a larger gray picture takes PyAV)
             shrunk = [min(-(-side // d), _GRAY_PLANE_SIDE) for side in (height, width)]
             gray = share_tables.gray
             share_tables.gray = (max(gray[0], shrunk[0]), max(gray[1], shrunk[1]))
-        return (size if inflated is None else loc.size), probed is not None or codec == "webp"
+        retry = probed is not None or codec in ("webp", "png")
+        return (size if inflated is None else loc.size), retry
 
     def _where(self, image_id: int, loc: ImageLocation | None = None) -> str:
         """How an error names the image: ``ImageCatalog.where``, or where a shard too broken
@@ -647,13 +653,13 @@ class ImageReader(ReaderBase[int, ImageBatch]):
     def stats(self) -> dict[str, float]:
         """Counters since creation: images written and their stored bytes read, and CPU seconds
         per stage summed over threads (``seconds_read``, ``_decode``, ``_pixels``: resize +
-        convert + flips of the compiled JPEG path; the other paths count their pixels in
+        convert + flips of the compiled path; the other paths count their pixels in
         ``_decode``)."""
         return self._counters(("images", "bytes_read"))
 
 
 class _NotCompiled(Exception):
-    """An image the compiled JPEG path does not take."""
+    """An image the compiled path does not take."""
 
 
 class _Fetched(NamedTuple):
@@ -686,10 +692,10 @@ def _inflated(
         deflated, table.tolist(), strict=True) if length > 0]  # fmt: skip
     if not done:
         return {}
-    sized = _clips.jpeg_sizes([-1] * len(done), [d[1] for d in done], [d[2] for d in done], data)
+    sized = _clips.picture_sizes([-1] * len(done), [d[1] for d in done], [d[2] for d in done], data)
     inflated: dict[int, _Fetched] = {}
-    for (i, start, length), (w, h) in zip(done, sized.tolist(), strict=True):
-        found[i] = _Header(w, h, -1, length)
+    for (i, start, length), (w, h, codec) in zip(done, sized.tolist(), strict=True):
+        found[i] = _Header(w, h, -1, length, _clips.PROBED_CODECS[codec])
         inflated[i] = _Fetched(None, data[start : start + length].data)
     return inflated
 
@@ -702,12 +708,13 @@ def _body(fetched: dict[int, _Fetched], i: int) -> bytes | None:
 
 class _Header(NamedTuple):
     """What the compiled path needs of an image its source gives no size for: the size from
-    its JPEG header, the descriptor to read it from and its stored bytes."""
+    its JPEG or PNG header, the descriptor to read it from, its stored bytes and its codec."""
 
     width: int
     height: int
     fd: int
     size: int
+    codec: str
 
 
 def _as_dict(meta: Any) -> dict[str, Any]:
