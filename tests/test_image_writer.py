@@ -603,3 +603,60 @@ def test_an_interrupt_while_a_shard_opens_leaves_no_partial_file(tmp_path, monke
     with pytest.raises(KeyboardInterrupt):
         write_images(out, [src], min_short=0, progress=False)
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def _tar_of(path: str, members: list[tuple[str, bytes]]) -> None:
+    """A tar of ``members`` in order, repeated names kept (``write_tar`` takes a dict)."""
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_every_image_of_an_archive_is_stored_repeats_too_and_resumes(tmp_path, monkeypatch):
+    """Images sharing a WebDataset key (``frame.0001.jpg`` beside ``frame.0002.jpg``, ``a.jpg``
+    beside ``a.png``) and a member name the tar repeats are each stored, with their key's
+    caption; each has its own source, so a run stopped after the first of two repeated names
+    resumes to a straight run's shards."""
+    from kohakuclip.write import images as writer
+
+    pictures = [encode(Image.fromarray(photo(40, 48, seed=s)), "PNG") for s in range(6)]
+    members = [
+        ("frame.0001.jpg", pictures[0]),
+        ("frame.0002.jpg", pictures[1]),
+        ("frame.txt", b"a caption"),
+        ("a.jpg", pictures[2]),
+        ("a.png", pictures[3]),
+        ("dup.jpg", pictures[4]),
+        ("dup.jpg", pictures[5]),
+    ]
+    tar = str(tmp_path / "wds.tar")
+    _tar_of(tar, members)
+    options = dict(per_shard=2, workers=1, min_short=0, progress=False)
+    straight = tmp_path / "straight"
+    summary = write_images(straight, [tar], **options)
+    assert (summary.images, summary.skipped) == (6, 0)
+    rows = pq.read_table(straight / "manifest.parquet").to_pylist()
+    assert [r["key"] for r in rows] == ["frame.0001", "frame.0002", "a", "a_1", "dup", "dup_1"]
+    assert [r["caption"] for r in rows] == ["a caption", "a caption", None, None, None, None]
+    sources = [r["source"] for r in rows]
+    assert sources[-2:] == [f"{tar}:dup.jpg", f"{tar}:dup.jpg#2"] and len(set(sources)) == 6
+    job = writer._job
+
+    def stopping(item, settings):
+        if item.origin.endswith("dup.jpg#2"):
+            raise KeyboardInterrupt  # after the shard holding a, a_1: the first dup is pending
+        return job(item, settings)
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(writer, "_job", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        write_images(out, [tar], **options)
+    monkeypatch.setattr(writer, "_job", job)
+    write_images(out, [tar], resume=True, **options)
+    assert pq.read_table(out / "manifest.parquet").to_pylist() == rows
+    for shard in sorted(p.name for p in straight.glob("shard_*.zip")):
+        assert (out / shard).read_bytes() == (straight / shard).read_bytes(), shard

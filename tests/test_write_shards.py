@@ -250,6 +250,40 @@ def test_interrupted_run_resumes_to_the_same_shards(tmp_path, monkeypatch) -> No
     assert not list(out.glob("*.tmp"))
 
 
+def test_a_name_the_tar_repeats_is_its_own_video_on_resume(tmp_path, monkeypatch) -> None:
+    """Two members named alike are two videos with two sources (the second marked ``#2``): a
+    run stopped after the first resumes to the straight run's shards, the second not lost."""
+    archive = tmp_path / "dup.tar"
+    with tarfile.open(archive, "w") as tar:
+        for seed in (0, 1):
+            info = tarfile.TarInfo("a.mp4")
+            data = clip(seed, 12)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    straight = tmp_path / "straight"
+    write_videos(straight, [archive], per_shard=1, workers=1, **FAST)
+    rows = manifest(straight)
+    assert [r["member"] for r in rows] == ["a.mp4", "a_1.mp4"]
+    assert [r["source"] for r in rows] == [f"{archive}::a.mp4", f"{archive}::a.mp4#2"]
+    real = shards.encode_video
+    calls: list[str] = []
+
+    def stopping(data, settings, name, **kw):
+        calls.append(name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(data, settings, name, **kw)
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(shards, "encode_video", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        write_videos(out, [archive], per_shard=1, workers=1, **FAST)
+    monkeypatch.setattr(shards, "encode_video", real)
+    resumed = write_videos(out, [archive], per_shard=1, workers=1, resume=True, **FAST)
+    assert (resumed.videos, resumed.resumed_videos) == (1, 1)
+    assert manifest(out) == rows and shard_bytes(out) == shard_bytes(straight)
+
+
 def test_a_shard_without_saved_rows_is_redone(tmp_path) -> None:
     out = tmp_path / "out"
     sources = [(f"v{i}.mp4", clip(i, 12)) for i in range(3)]

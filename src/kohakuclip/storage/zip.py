@@ -13,7 +13,14 @@ from typing import BinaryIO
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.storage.ranged import RangedFile, open_local
 
-__all__ = ["ArchiveError", "Member", "ZipWriter", "find_zip_member", "list_zip"]
+__all__ = [
+    "ArchiveError",
+    "Member",
+    "ZipWriter",
+    "find_zip_member",
+    "list_zip",
+    "member_origins",
+]
 
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
@@ -35,6 +42,25 @@ class Member:
     offset: int  # absolute offset of the member's data
     size: int
     compressed: bool = False  # deflated zip member: data must be inflated, not sliced
+
+
+def member_origins(where: str, names: list[str], separator: str) -> list[str]:
+    """Each member's origin, ``where`` + ``separator`` + its name, a name the archive repeats
+    marked ``#2``, ``#3``, ... from its second member on: one origin per member, so that a
+    resumed conversion tells repeated names apart.
+
+    Args:
+        where: the archive's path or URL.
+        names: its members' names, in archive order.
+        separator: between the archive and the name ("::" for videos, ":" for images).
+    """
+    seen: dict[str, int] = {}
+    origins = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        mark = f"#{seen[name]}" if seen[name] > 1 else ""
+        origins.append(f"{where}{separator}{name}{mark}")
+    return origins
 
 
 class ZipWriter:

@@ -46,7 +46,7 @@ from kohakuclip.storage.remote import (
     suffix_of,
 )
 from kohakuclip.storage.tar import list_tar
-from kohakuclip.storage.zip import ArchiveError, Member, list_zip
+from kohakuclip.storage.zip import ArchiveError, Member, list_zip, member_origins
 from kohakuclip.write.parts import Part
 
 __all__ = ["ImageInputError", "SourceImage", "count_sources", "iter_sources"]
@@ -235,23 +235,35 @@ def _webdataset_key(name: str) -> tuple[str, str]:
     return key, (dot + ext).lower()
 
 
-def _groups(members: list[Member]) -> Iterator[tuple[str, Member, Member | None, Member | None]]:
-    """An archive's images by WebDataset key, one per key: (key, image, caption, metadata)."""
-    groups: dict[str, dict[str, Member]] = {}
+def _groups(
+    where: str, members: list[Member]
+) -> Iterator[tuple[str, str, Member, Member | None, Member | None]]:
+    """An archive's images with the sidecars of their WebDataset key: (key, origin, image,
+    caption, metadata). Every image member is one item: where a key has several (``a.jpg``
+    beside ``a.png``; ``frame.0001.jpg`` beside ``frame.0002.jpg``, one WebDataset sample with
+    two image fields) each keeps its name up to its suffix as its key (the shard names repeats
+    apart) and the key's sidecars; a name the archive repeats is marked in its origin."""
+    images: list[tuple[str, Member]] = []
+    sidecars: dict[str, dict[str, Member]] = {}
     for member in members:
         key, ext = _webdataset_key(member.name)
-        groups.setdefault(key, {}).setdefault(ext, member)
-    for key, by_ext in groups.items():
-        image = next((m for ext, m in by_ext.items() if ext.endswith(IMAGE_SUFFIXES)), None)
-        if image is not None:
-            yield key, image, by_ext.get(_CAPTION_SUFFIX), by_ext.get(_META_SUFFIX)
+        if ext.endswith(IMAGE_SUFFIXES):
+            images.append((key, member))
+        else:
+            sidecars.setdefault(key, {}).setdefault(ext, member)
+    per_key: dict[str, int] = {}
+    for key, _ in images:
+        per_key[key] = per_key.get(key, 0) + 1
+    origins = member_origins(where, [image.name for _, image in images], ":")
+    for (key, image), origin in zip(images, origins, strict=True):
+        found = sidecars.get(key, {})
+        own = posixpath.splitext(image.name)[0] if per_key[key] > 1 else key
+        yield own, origin, image, found.get(_CAPTION_SUFFIX), found.get(_META_SUFFIX)
 
 
 def _archive(path: str, members: list[Member]) -> Iterator[_Local]:
-    """Group an archive's members by WebDataset key; one image per key, its sidecars read when
-    it is made."""
-    for key, image, caption, meta in _groups(members):
-        origin = f"{path}:{image.name}"
+    """An archive's images (``_groups``), their sidecars read when each is made."""
+    for key, origin, image, caption, meta in _groups(path, members):
         yield _Local(origin, partial(_member_image, path, key, origin, image, caption, meta))
 
 
@@ -357,12 +369,12 @@ def _remote_archive(
     yield from (
         _Pending(
             key,
-            f"{obj.url}:{image.name}",
+            origin,
             partial(_read_remote, obj, image),
             None if caption is None else (obj, caption),
             None if meta is None else (obj, meta),
         )
-        for key, image, caption, meta in _groups(members)
+        for key, origin, image, caption, meta in _groups(obj.url, members)
     )
 
 

@@ -42,7 +42,7 @@ from kohakuclip.storage.remote import (
     suffix_of,
 )
 from kohakuclip.storage.tar import list_tar
-from kohakuclip.storage.zip import ArchiveError, Member
+from kohakuclip.storage.zip import ArchiveError, Member, member_origins
 from kohakuclip.write.gulp_videos import GulpVideo, list_gulp_videos
 
 __all__ = ["Source", "expand_sources"]
@@ -256,16 +256,17 @@ def _tar_sources(archive: str) -> list[Source]:
             stem: {suffix: os.pread(f.fileno(), m.size, m.offset) for suffix, m in found.items()}
             for stem, found in members.items()
         }
+    origins = member_origins(archive, [m.name for m in videos], "::")
     return [
         Source(
             m.name,
-            f"{archive}::{m.name}",
+            origin,
             m.size,
             sidecars.get(_stem(m.name), {}),
             archive=archive,
             offset=m.offset,
         )
-        for m in videos
+        for m, origin in zip(videos, origins, strict=True)
     ]
 
 
@@ -338,10 +339,11 @@ def _remote_tar_sources(obj: RemoteObject) -> list[Source]:
     """The video members of a tar in object storage (its headers read by ranged GETs), each
     with its sidecar members."""
     videos, sidecars = _tar_members(list_tar(obj))
+    origins = member_origins(obj.url, [m.name for m in videos], "::")
     return [
         Source(
             m.name,
-            f"{obj.url}::{m.name}",
+            origin,
             m.size,
             remote_sidecars={
                 suffix: (obj, s.offset, s.size)
@@ -350,7 +352,7 @@ def _remote_tar_sources(obj: RemoteObject) -> list[Source]:
             remote=obj,
             offset=m.offset,
         )
-        for m in videos
+        for m, origin in zip(videos, origins, strict=True)
     ]
 
 
