@@ -396,3 +396,22 @@ def test_loop_filters_turn_on_deblocking_and_cdef(tmp_path) -> None:
             frame["loop_filter_level[0]"] > 0,  # the key frame's deblocking strength
         )
     assert found == {False: (False, True, 0, False), True: (True, False, 1, True)}
+
+
+def test_a_video_that_stops_decoding_is_skipped_without_encoder_noise(tmp_path) -> None:
+    """A source whose data turns to garbage part way is named in the skip log and the exit
+    status; the AV1 encoder it had opened is drained first, so nothing on stderr is a
+    libsvtav1 line naming no file."""
+    import numpy as np
+
+    damaged = bytearray(make_video(VideoSpec(frames=24, seed=1)))
+    middle = len(damaged) // 2
+    noise = np.random.default_rng(0).integers(0, 256, 2000, dtype=np.uint8).tobytes()
+    damaged[middle : middle + 2000] = noise
+    (tmp_path / "damaged.mp4").write_bytes(bytes(damaged))
+    proc = start("cli", tmp_path / "out", tmp_path / "damaged.mp4", *FAST, "--workers", "1")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "damaged.mp4: cannot decode" in err
+    assert "Svt[" not in err, err
+    skipped = (tmp_path / "out" / "skipped.jsonl").read_text()
+    assert "damaged.mp4" in skipped and not leftovers(tmp_path / "out")

@@ -148,6 +148,8 @@ def test_a_stopped_run_resumes_after_its_finished_shards(images, single, tmp_pat
     rows = pq.read_table(out / "manifest.parquet").to_pylist()
     assert rows == pq.read_table(single / "manifest.parquet").to_pylist()  # merged: same rows
     assert not (out / ".manifest-parts").exists()
+    with pytest.raises(WriteError, match="cannot resume with different quality"):
+        write_images(out, [images], resume=True, **{**FAST, "quality": 80})  # finished, too
 
 
 def test_a_killed_parts_leftover_alone_is_an_earlier_run_of_it(images, tmp_path) -> None:

@@ -428,7 +428,7 @@ def _write_run(
         _check_parts(out, names.part, settings)  # items: the part's only (iter_sources)
     _refuse_video_run(out)
     if resume:
-        finished = _finished(target, names)
+        finished = _finished(target, names, settings)
         if finished is not None:
             _drop_pending(out, names)  # left by a kill after the record: stale
             return finished
@@ -561,13 +561,15 @@ def _refuse_earlier(out: str, names: OutputNames) -> None:
         )
 
 
-def _finished(target: Output, names: OutputNames) -> WriteSummary | None:
-    """The summary of a run (part) whose record says it finished and whose shards are kept."""
+def _finished(target: Output, names: OutputNames, settings: _Settings) -> WriteSummary | None:
+    """The summary of a run (part) whose record says it finished and whose shards are kept;
+    WriteError when it finished with other settings."""
     record = os.path.join(target.folder, names.record)
     if not os.path.isfile(record):
         return None
     with open(record, encoding="utf-8") as f:
         done = json.load(f)
+    _refuse_other_settings(target, done, settings)
     shards = done.get("shards", [])
     manifest = os.path.join(target.folder, names.manifest)
     if not os.path.isfile(manifest) or not all(target.has_shard(n) for n in shards):
@@ -580,6 +582,13 @@ def _finished(target: Output, names: OutputNames) -> WriteSummary | None:
         int(done.get("stored_bytes", 0)),
         int(done.get("source_bytes", 0)),
     )
+
+
+def _refuse_other_settings(target: Output, recorded: dict[str, Any], settings: _Settings) -> None:
+    """WriteError naming the settings that differ from those an earlier run recorded."""
+    changed = [k for k, v in asdict(settings).items() if recorded.get(k) != v]
+    if changed:
+        raise WriteError(f"{target.name}: cannot resume with different {', '.join(changed)}")
 
 
 def _kept_shards(
@@ -595,10 +604,7 @@ def _kept_shards(
     if not os.path.isfile(path):
         return summary, done
     with open(path, encoding="utf-8") as f:
-        kept = json.load(f)
-    changed = [k for k, v in asdict(settings).items() if kept.get(k) != v]
-    if changed:
-        raise WriteError(f"{target.name}: cannot resume with different {', '.join(changed)}")
+        _refuse_other_settings(target, json.load(f), settings)
     for number in itertools.count():
         name = names.shard(number, "zip")
         rows = os.path.join(out, names.pending_rows(name))

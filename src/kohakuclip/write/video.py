@@ -262,8 +262,6 @@ def encode_frames(
     try:
         for frame in frames:
             if stop is not None and stop.is_set():
-                if encoder is not None:
-                    encoder.encode(None)  # SVT-AV1 complains when freed before the end of stream
                 raise EncodeError(f"{name}: interrupted")
             if probe is None:
                 probe = plan(frame)
@@ -285,12 +283,17 @@ def encode_frames(
         raise EncodeError(f"{name}: encoding failed ({_reason(e)})") from None
     finally:
         if not finished:
-            _discard(output)
+            _discard(output, encoder)
     return EncodedVideo.of(probe, faststart(buffer.getvalue()), count)
 
 
-def _discard(output: Any) -> None:
-    """Close an output abandoned mid-way; its trailer may fail and nothing of it is kept."""
+def _discard(output: Any, encoder: Any) -> None:
+    """Close an output abandoned mid-way (a source that stopped decoding, an interrupt): its
+    encoder gets its end of stream first (SVT-AV1 prints an error naming no file when freed
+    without one), the trailer may fail, and nothing of it is kept."""
+    if encoder is not None:
+        with contextlib.suppress(av.error.FFmpegError, ValueError):
+            encoder.encode(None)
     with contextlib.suppress(av.error.FFmpegError):
         output.close()
 
