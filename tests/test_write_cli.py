@@ -415,3 +415,43 @@ def test_a_video_that_stops_decoding_is_skipped_without_encoder_noise(tmp_path) 
     assert "Svt[" not in err, err
     skipped = (tmp_path / "out" / "skipped.jsonl").read_text()
     assert "damaged.mp4" in skipped and not leftovers(tmp_path / "out")
+
+
+def test_a_killed_ffmpeg_backend_leaves_no_encoder_running_nor_scratch(tmp_path, monkeypatch):
+    """SIGKILL (no handler runs) while ffmpeg encodes: ffmpeg dies with the writer's thread
+    instead of encoding on, and the next run removes the dead writer's scratch folder."""
+    binary = _ffmpeg_or_skip()
+    pids = tmp_path / "pids"
+    wrapper = tmp_path / "ffmpeg"  # records its pid, then becomes the real ffmpeg (same pid)
+    wrapper.write_text(f'#!/bin/sh\necho $$ >> "{pids}"\nexec "{binary}" "$@"\n')
+    wrapper.chmod(0o755)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv(FFMPEG_ENV, str(wrapper))
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    long = make_video(VideoSpec(width=160, height=120, frames=400, seed=1))
+    src = folder(tmp_path / "src", {"long.mp4": long})
+    args = [src, "--backend", "ffmpeg", "--preset", "2", "--workers", "1", "--quiet"]
+    proc = start("cli", tmp_path / "out", *args)
+    wait_for(pids, proc)
+    time.sleep(0.5)
+    assert [p.name.split("-")[2] for p in scratch.iterdir()] == [str(proc.pid)]
+    proc.kill()
+    proc.wait(timeout=30)
+    ffmpeg = int(pids.read_text().split()[0])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{ffmpeg}").exists() and b"zombie" not in _state(ffmpeg):
+        assert time.monotonic() < deadline, "ffmpeg kept running after its writer was killed"
+        time.sleep(0.05)
+    again = start("cli", tmp_path / "again", folder(tmp_path / "short", {"a.mp4": clip(0)}),
+                  "--backend", "ffmpeg", *FAST)  # fmt: skip
+    assert again.wait(timeout=120) == 0
+    assert list(scratch.iterdir()) == []
+
+
+def _state(pid: int) -> bytes:
+    """A process's state line from /proc (b"" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/status").read_bytes().split(b"\n")[2].lower()
+    except (OSError, IndexError):
+        return b""

@@ -20,7 +20,7 @@ import pytest
 
 from kohakuclip.write.image_codecs import _encode_av1
 from kohakuclip.write.scheduling import (
-    drop_realtime_privilege,
+    encoder_subprocess_setup,
     normal_scheduling,
     realtime_threads,
 )
@@ -128,7 +128,7 @@ def test_subprocess_cannot_go_real_time():
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        preexec_fn=drop_realtime_privilege(),
+        preexec_fn=encoder_subprocess_setup(),
     )
     assert plain.stdout.strip() == "rt"
     assert guarded.stdout.strip() == "refused"

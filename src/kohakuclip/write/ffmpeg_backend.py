@@ -8,7 +8,9 @@ filter chain is the same; only the encode runs in the subprocess. The binary is
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -17,7 +19,7 @@ from fractions import Fraction
 import av
 
 from kohakuclip.mp4.moov import parse_mp4_bytes
-from kohakuclip.write.scheduling import drop_realtime_privilege
+from kohakuclip.write.scheduling import encoder_subprocess_setup
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.video import (
     EncodedVideo,
@@ -34,6 +36,7 @@ __all__ = ["FFMPEG_ENV", "encode_video_ffmpeg"]
 
 FFMPEG_ENV = "KOHAKUCLIP_FFMPEG"
 _STOP_POLL_SECONDS = 0.2
+_WORK_PREFIX = "kohakuclip-ffmpeg-"  # + the writer's pid + "-": its scratch folders
 
 
 def ffmpeg_binary() -> str:
@@ -44,6 +47,32 @@ def ffmpeg_binary() -> str:
     import imageio_ffmpeg
 
     return str(imageio_ffmpeg.get_ffmpeg_exe())
+
+
+@functools.cache
+def _sweep_abandoned() -> None:
+    """Remove the scratch folders (``_WORK_PREFIX``) of writers that died without cleaning up
+    (killed outright), once per process: those whose pid no process has any more."""
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_WORK_PREFIX) :].partition("-")[0]
+        if not (name.startswith(_WORK_PREFIX) and pid.isdigit()) or _alive(int(pid)):
+            continue
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
 
 
 def _probe(source: SourceInput, settings: EncodeSettings, name: str) -> SourceProbe:
@@ -91,7 +120,7 @@ def _run(command: list[str], name: str, stop: threading.Event | None) -> tuple[i
             command,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            preexec_fn=drop_realtime_privilege(),
+            preexec_fn=encoder_subprocess_setup(),
         )
     except OSError as e:
         raise EncodeError(f"{name}: cannot run ffmpeg ({e})") from None
@@ -121,7 +150,8 @@ def encode_video_ffmpeg(
     settings = settings or EncodeSettings()
     name = name or source_name(source)
     probe = _probe(source, settings, name)
-    with tempfile.TemporaryDirectory(prefix="kohakuclip-ffmpeg-") as work:
+    _sweep_abandoned()
+    with tempfile.TemporaryDirectory(prefix=f"{_WORK_PREFIX}{os.getpid()}-") as work:
         if isinstance(source, str | os.PathLike):
             path = os.fspath(source)
         else:

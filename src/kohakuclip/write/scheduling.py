@@ -6,8 +6,8 @@ root, as it is in most containers. Forty real-time threads then outrank everythi
 node: a thread that spin-waits starves the one it waits for, and a 2-core test runner hung
 inside ``svt_av1_enc_get_packet`` with every thread real-time. Opening an encoder in
 ``normal_scheduling`` (``open_encoder``: an encoder's open in it) puts the threads it made
-real-time back to ``SCHED_OTHER``; ``drop_realtime_privilege`` does the same for an ffmpeg
-subprocess before it starts.
+real-time back to ``SCHED_OTHER``; ``encoder_subprocess_setup`` does the same for an ffmpeg
+subprocess before it starts, and ties the subprocess's life to the thread that started it.
 """
 
 from __future__ import annotations
@@ -16,13 +16,15 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["drop_realtime_privilege", "normal_scheduling", "open_encoder", "realtime_threads"]
+__all__ = ["encoder_subprocess_setup", "normal_scheduling", "open_encoder", "realtime_threads"]
 
 
-_PR_CAPBSET_DROP = 24  # linux/prctl.h
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_PR_CAPBSET_DROP = 24
 _CAP_SYS_NICE = 23  # linux/capability.h: what setting a real-time policy needs
 
 
@@ -62,20 +64,29 @@ def open_encoder(context: Any) -> None:
         context.open()
 
 
-def drop_realtime_privilege() -> Callable[[], None] | None:
-    """A ``preexec_fn`` for an encoder subprocess run as root: it drops the capability to set
+def encoder_subprocess_setup() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for an encoder subprocess (Linux): the child is killed when the thread
+    that started it ends, so a writer killed outright (SIGKILL: the OOM killer, a scheduler's
+    hard stop) leaves no encoder running on; run as root, it also drops the capability to set
     real-time policies, so the child's attempts fail and its threads stay ``SCHED_OTHER``.
-    None when not root (nothing to drop) or where prctl is missing."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return None
+    None where prctl is missing."""
     name = ctypes.util.find_library("c")
-    if name is None:
+    if not hasattr(os, "getppid") or name is None:
         return None
-    prctl = ctypes.CDLL(name, use_errno=True).prctl  # resolved here, before the fork
+    try:
+        prctl = ctypes.CDLL(name, use_errno=True).prctl  # resolved here, before the fork
+    except (OSError, AttributeError):
+        return None
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     prctl.restype = ctypes.c_int
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    parent = os.getpid()
 
-    def drop() -> None:
-        prctl(_PR_CAPBSET_DROP, _CAP_SYS_NICE, 0, 0, 0)
+    def setup() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the writer died before the line above
+            os._exit(1)
+        if root:
+            prctl(_PR_CAPBSET_DROP, _CAP_SYS_NICE, 0, 0, 0)
 
-    return drop
+    return setup
