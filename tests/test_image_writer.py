@@ -660,3 +660,24 @@ def test_every_image_of_an_archive_is_stored_repeats_too_and_resumes(tmp_path, m
     assert pq.read_table(out / "manifest.parquet").to_pylist() == rows
     for shard in sorted(p.name for p in straight.glob("shard_*.zip")):
         assert (out / shard).read_bytes() == (straight / shard).read_bytes(), shard
+
+
+def test_image_names_that_are_not_utf8_are_stored_escaped_and_resume(tmp_path):
+    """An image file and a tar member whose names are not UTF-8 are stored with the bad bytes
+    as ``\\xNN`` in their keys and sources; a resumed run finds them done."""
+    raw = os.fsdecode(b"n\xff\xfe.png")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    (folder / raw).write_bytes(encode(Image.fromarray(photo(40, 48, seed=1)), "PNG"))
+    tar = str(tmp_path / "images.tar")
+    _tar_of(tar, [(raw, encode(Image.fromarray(photo(40, 48, seed=2)), "PNG"))])
+    out = tmp_path / "out"
+    summary = write_images(out, [str(folder), tar], min_short=0, progress=False)
+    assert (summary.images, summary.skipped) == (2, 0)
+    rows = pq.read_table(out / "manifest.parquet").to_pylist()
+    assert [r["key"] for r in rows] == ["n\\xff\\xfe", "n\\xff\\xfe_1"]
+    assert [r["source"] for r in rows] == [f"{folder}/n\\xff\\xfe.png", f"{tar}:n\\xff\\xfe.png"]
+    again = write_images(out, [str(folder), tar], min_short=0, progress=False, resume=True)
+    assert again.images == 2 and [
+        r["key"] for r in pq.read_table(out / "manifest.parquet").to_pylist()
+    ] == ["n\\xff\\xfe", "n\\xff\\xfe_1"]

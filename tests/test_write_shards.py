@@ -399,3 +399,27 @@ def test_an_interrupt_while_a_shard_opens_leaves_no_partial_file(tmp_path, monke
     with pytest.raises(KeyboardInterrupt):
         write_videos(out, [src], preset=12, workers=1, progress=False)
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_names_that_are_not_utf8_are_stored_escaped_and_resume(tmp_path) -> None:
+    """A file and a tar member whose names are not UTF-8 are stored under their names with
+    the bad bytes as ``\\xNN`` (zip members, manifest and skip log take only UTF-8); a resumed
+    run finds them done."""
+    raw = os.fsdecode(b"caf\xe9.mp4")  # Latin-1: a lone surrogate in Python
+    folder = make_folder(tmp_path / "videos", {"good.mp4": clip(0)})
+    (folder / raw).write_bytes(clip(1))
+    archive = tmp_path / "videos.tar"
+    with tarfile.open(archive, "w") as tar:
+        info = tarfile.TarInfo(raw)
+        data = clip(2)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "out"
+    result = write_videos(out, [folder, archive], **FAST)
+    assert (result.videos, result.skipped) == (3, 0)
+    rows = manifest(out)
+    assert [r["member"] for r in rows] == ["caf\\xe9.mp4", "good.mp4", "caf\\xe9_1.mp4"]
+    assert rows[0]["source"] == os.path.join(str(folder), "caf\\xe9.mp4")
+    assert rows[2]["source"] == f"{archive}::caf\\xe9.mp4"
+    again = write_videos(out, [folder, archive], resume=True, **FAST)
+    assert (again.videos, again.resumed_videos) == (0, 3)

@@ -5,7 +5,18 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 
-__all__ = ["list_folder", "media_or_shards", "mixed_message"]
+__all__ = ["list_folder", "media_or_shards", "mixed_message", "printable_name"]
+
+
+def printable_name(name: str) -> str:
+    """``name`` as text every UTF-8 writer takes (zip member names, parquet, JSON): bytes of a
+    file or member name that are not UTF-8 (which the OS and tarfile give as lone surrogates)
+    become ``\\xNN``. Valid names come back unchanged.
+
+    Args:
+        name: a path or member name.
+    """
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def list_folder(

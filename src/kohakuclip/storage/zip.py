@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from kohakuclip.errors import KohakuClipError
+from kohakuclip.storage.folder import printable_name
 from kohakuclip.storage.ranged import RangedFile, open_local
 
 __all__ = [
@@ -47,7 +48,7 @@ class Member:
 def member_origins(where: str, names: list[str], separator: str) -> list[str]:
     """Each member's origin, ``where`` + ``separator`` + its name, a name the archive repeats
     marked ``#2``, ``#3``, ... from its second member on: one origin per member, so that a
-    resumed conversion tells repeated names apart.
+    resumed conversion tells repeated names apart (as ``printable_name`` writes it).
 
     Args:
         where: the archive's path or URL.
@@ -59,7 +60,7 @@ def member_origins(where: str, names: list[str], separator: str) -> list[str]:
     for name in names:
         seen[name] = seen.get(name, 0) + 1
         mark = f"#{seen[name]}" if seen[name] > 1 else ""
-        origins.append(f"{where}{separator}{name}{mark}")
+        origins.append(printable_name(f"{where}{separator}{name}{mark}"))
     return origins
 
 

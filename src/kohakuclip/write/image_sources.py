@@ -33,7 +33,7 @@ from urllib.parse import unquote, urlsplit
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import IMAGE_SUFFIXES
 from kohakuclip.storage.files import open_regular
-from kohakuclip.storage.folder import list_folder
+from kohakuclip.storage.folder import list_folder, printable_name
 from kohakuclip.storage.ranged import RangedFile
 from kohakuclip.storage.remote import (
     MissingObjectError,
@@ -150,7 +150,9 @@ def _local(path: str, kind: str) -> Iterator[SourceImage | _Local]:
             return
         yield from _archive(path, members)
     else:
-        yield _Local(path, partial(_file, path, os.path.splitext(os.path.basename(path))[0]))
+        yield _Local(
+            printable_name(path), partial(_file, path, os.path.splitext(os.path.basename(path))[0])
+        )
 
 
 def _read_file(path: str) -> Callable[[], bytes]:
@@ -172,8 +174,8 @@ def _file(path: str, key: str) -> SourceImage:
     stem = os.path.splitext(path)[0]
     caption = _sidecar(stem + _CAPTION_SUFFIX)
     return SourceImage(
-        key,
-        path,
+        printable_name(key),
+        printable_name(path),
         _read_file(path),
         caption.strip() if caption is not None else None,
         _sidecar(stem + _META_SUFFIX),
@@ -186,11 +188,12 @@ def _folder(root: str) -> Iterator[SourceImage | _Local]:
     unlistable: list[OSError] = []
     for rel in list_folder(root, IMAGE_SUFFIXES, on_error=unlistable.append):
         path = os.path.join(root, rel)
-        yield _Local(path, partial(_file, path, os.path.splitext(rel)[0]))
+        yield _Local(printable_name(path), partial(_file, path, os.path.splitext(rel)[0]))
     for error in unlistable:
         path = str(error.filename)
-        key = os.path.relpath(path, root).replace(os.sep, "/")
-        yield SourceImage(key, path, partial(_unlistable, path, error.strerror or str(error)))
+        key = printable_name(os.path.relpath(path, root).replace(os.sep, "/"))
+        reason = printable_name(error.strerror or str(error))
+        yield SourceImage(key, printable_name(path), partial(_unlistable, path, reason))
 
 
 def _unlistable(path: str, reason: str) -> bytes:
@@ -258,7 +261,8 @@ def _groups(
     for (key, image), origin in zip(images, origins, strict=True):
         found = sidecars.get(key, {})
         own = posixpath.splitext(image.name)[0] if per_key[key] > 1 else key
-        yield own, origin, image, found.get(_CAPTION_SUFFIX), found.get(_META_SUFFIX)
+        caption, meta = found.get(_CAPTION_SUFFIX), found.get(_META_SUFFIX)
+        yield printable_name(own), origin, image, caption, meta
 
 
 def _archive(path: str, members: list[Member]) -> Iterator[_Local]:

@@ -30,7 +30,7 @@ from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
 from kohakuclip.gulp.meta import is_gulp_directory
-from kohakuclip.storage.folder import list_folder
+from kohakuclip.storage.folder import list_folder, printable_name
 from kohakuclip.storage.remote import (
     MissingObjectError,
     RemoteObject,
@@ -214,7 +214,8 @@ def _file_source(path: str, name: str) -> Source | tuple[str, str]:
         return path, f"{path}: cannot read ({e.strerror or e})"
     if not stat.S_ISREG(info.st_mode):
         return path, f"{path}: not a regular file"
-    return Source(name, path, info.st_size, _file_sidecars(path), path=path)
+    return Source(printable_name(name), printable_name(path), info.st_size, _file_sidecars(path),
+                  path=path)  # fmt: skip
 
 
 def _folder_sources(root: str) -> tuple[list[Source], list[tuple[str, str]]]:
@@ -259,7 +260,7 @@ def _tar_sources(archive: str) -> list[Source]:
     origins = member_origins(archive, [m.name for m in videos], "::")
     return [
         Source(
-            m.name,
+            printable_name(m.name),
             origin,
             m.size,
             sidecars.get(_stem(m.name), {}),
@@ -342,7 +343,7 @@ def _remote_tar_sources(obj: RemoteObject) -> list[Source]:
     origins = member_origins(obj.url, [m.name for m in videos], "::")
     return [
         Source(
-            m.name,
+            printable_name(m.name),
             origin,
             m.size,
             remote_sidecars={
@@ -457,4 +458,4 @@ def expand_sources(
                     found.append(source)
                 else:
                     unreadable.append(source)
-    return Expansion(found, unreadable)
+    return Expansion(found, [(printable_name(p), printable_name(r)) for p, r in unreadable])
