@@ -89,7 +89,12 @@ def test_mixed_image_shards_and_a_refused_state(shards: list[str]) -> None:
         assert meta["mix"].tolist() == [int(i >= 6) for i in meta["image"].tolist()]
         assert meta["source"] == [shards[k] for k in meta["mix"].tolist()]
     state = ClipLoader(ds).state_dict()
-    assert state["sources"] == {"kind": "images", "items": [6, 4]}
+    assert state["sources"] == {
+        "kind": "images",
+        "items": [6, 4],
+        "epochs": False,
+        "weights": [0.5, 0.5],
+    }
     with pytest.raises(ValueError, match="saved for 2 mixed sources of 6 \\+ 4 images"):
         ClipLoader(dataset(shards)).load_state_dict(state)
 

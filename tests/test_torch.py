@@ -280,7 +280,12 @@ def test_mixed_sources_record_their_source_and_keep_their_proportions(
     share = float(np.mean(ids < 2))
     assert abs(share - 0.75) < 5 * (0.75 * 0.25 / n) ** 0.5
     state = ClipLoader(ds).state_dict()
-    assert state["sources"] == {"kind": "videos", "items": [2, 3]}
+    assert state["sources"] == {
+        "kind": "videos",
+        "items": [2, 3],
+        "epochs": False,
+        "weights": [0.75, 0.25],
+    }
     # epoch mode: each folder once per epoch, at its own pace
     epochs = ClipDataset(two_folders, 4, frames=FRAMES, weights=[3, 1], epochs=True, size=SIZE)
     ids = np.concatenate([epochs.indices(b) for b in range(10)])
@@ -302,6 +307,14 @@ def test_a_state_from_other_sources_is_refused(videos: Path, two_folders: dict[s
             {**ours, "sources": {"kind": "videos", "items": [3, 2]}}
         )
     mixed.load_state_dict(ours)  # its own state loads
+    with pytest.raises(ValueError, match=r"other settings: weights \[0\.5, 0\.5\] \(here \[0\.75"):
+        ClipLoader(dataset(two_folders, weights=[3, 1])).load_state_dict(ours)
+    with pytest.raises(ValueError, match="other settings: epochs False"):
+        ClipLoader(dataset(two_folders, weights=[1, 1], epochs=True)).load_state_dict(ours)
+    recorded_before = {k: ours["sources"][k] for k in ("kind", "items")}  # states of 2026-12-03
+    ClipLoader(dataset(two_folders, weights=[3, 1])).load_state_dict(
+        {**ours, "sources": recorded_before}
+    )
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
@@ -365,7 +378,7 @@ def test_resume_continues_with_the_batches_of_a_straight_run(
         "samples": stop * BATCH,
         "source_samples": [stop * BATCH],
         "batch": stop,
-        "sources": {"kind": "videos", "items": [len(LENGTHS)]},
+        "sources": {"kind": "videos", "items": [len(LENGTHS)], "epochs": False, "weights": [1.0]},
     }
     resumed = ClipLoader(
         dataset(videos, seed=999), workers=workers, timeout=WORKER_TIMEOUT
@@ -732,13 +745,19 @@ def test_bad_state_is_refused(videos: Path) -> None:
         loader.load_state_dict({**good, "samples": -1})
     with pytest.raises(ValueError, match="add up"):
         loader.load_state_dict({**good, "samples": 5})
-    with pytest.raises(KeyError):
+    with pytest.raises(ValueError, match="no 'samples', 'source_samples', 'batch', 'sources'"):
         loader.load_state_dict({"version": STATE_VERSION, "seed": 0})
+    with pytest.raises(ValueError, match="sources: no 'items'"):
+        loader.load_state_dict({**good, "sources": {"kind": "videos"}})
+    with pytest.raises(TypeError, match="dict"):
+        loader.load_state_dict([("seed", 0)])  # type: ignore[arg-type]
     # a state without a version (the seed and a batch count) still loads, with a warning
     with pytest.raises(ValueError, match="batch"):
         loader.load_state_dict({"seed": 0, "batch": -1})
-    with pytest.raises(KeyError):
+    with pytest.raises(ValueError, match="no 'seed'"):
         loader.load_state_dict({"batch": 2})
+    with pytest.raises(ValueError, match="no 'seed', 'batch'"):
+        loader.load_state_dict({"weight": 1.0})
     with pytest.warns(UserWarning, match="without a version"):
         loader.load_state_dict({"seed": 4, "batch": 2})
     state = loader.state_dict()

@@ -273,8 +273,16 @@ class BatchDataset(IterableDataset):
         return self._sizes
 
     def fingerprint(self) -> dict[str, Any]:
-        """What a saved state must match: the kind and the item count of each source."""
-        return {"kind": self.kind, "items": self.source_sizes()}
+        """What a saved state must match: the kind and the item count of each source, whether
+        sources are read in epochs, and the mix's weights (a state from another dataset with
+        the same counts is not told apart)."""
+        total = float(sum(self.mixture.weights))
+        return {
+            "kind": self.kind,
+            "items": self.source_sizes(),
+            "epochs": self.epochs,
+            "weights": [float(w) / total for w in self.mixture.weights],
+        }
 
     def _new_stream(self, sizes: Sequence[int]) -> SampleStream:
         return self._stream_from(self.seed, self._origin, sizes)
@@ -702,7 +710,10 @@ class ClipLoader:
         timeout: seconds to wait for a worker's batch (0: forever).
         multiprocessing_context: how worker processes start (None: the DataLoader's default,
             or "forkserver" for URL sources).
-        batches: batches per epoch (None: an endless stream).
+        batches: batches per epoch (None: an endless stream). Epochs are counted in batches
+            per rank: a run resumed on another world size or batch size keeps its epochs
+            exact only if it gives each epoch the same number of samples (``batches`` times
+            world size times batch size).
     """
 
     def __init__(
@@ -776,6 +787,8 @@ class ClipLoader:
         Args:
             state: what ``state_dict()`` returned.
         """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"a loader state is a dict, got {type(state).__name__}")
         version = state.get("version")
         if version is None:
             seed, samples, batch, seen = self._legacy_state(state)
@@ -784,21 +797,36 @@ class ClipLoader:
                 f"loader state format version {version!r}: this kohakuclip reads {STATE_VERSION}"
             )
         else:
+            _require(state, _STATE_KEYS, "a loader state")
             seed, samples, batch = int(state["seed"]), int(state["samples"]), int(state["batch"])
             seen = [int(c) for c in state["source_samples"]]
-            here, saved = self.dataset.fingerprint(), dict(state["sources"])
-            if saved != here:
-                raise ValueError(
-                    f"this loader state belongs to other sources: it was saved for "
-                    f"{_describe(saved)}, this dataset reads {_describe(here)}"
-                )
+            self._check_sources(state["sources"])
         self.dataset.resume_at(seed, samples, batch, seen)
         self._stop_live()
         self._position = self._floor = batch
         self._ended = False
 
+    def _check_sources(self, saved: Any) -> None:
+        """ValueError unless the state's ``sources`` match this dataset's fingerprint (kind and
+        counts always; epochs and weights where the state records them: states saved before
+        they were recorded load as they did)."""
+        if not isinstance(saved, Mapping):
+            raise ValueError(f"a loader state's sources are a dict, got {saved!r}")
+        _require(saved, ("kind", "items"), "a loader state's sources")
+        here = self.dataset.fingerprint()
+        differ = [k for k in here if k in saved and saved[k] != here[k]]
+        if "items" in differ or "kind" in differ:
+            raise ValueError(
+                f"this loader state belongs to other sources: it was saved for "
+                f"{_describe(saved)}, this dataset reads {_describe(here)}"
+            )
+        if differ:
+            settings = ", ".join(f"{k} {saved[k]!r} (here {here[k]!r})" for k in differ)
+            raise ValueError(f"this loader state was saved with other settings: {settings}")
+
     def _legacy_state(self, state: Mapping[str, Any]) -> tuple[int, int, int, list[int]]:
         """(seed, samples, batch, per-source samples) of a state written before version 2."""
+        _require(state, ("seed", "batch"), "a loader state (or one without a version)")
         batch, seed = int(state["batch"]), int(state["seed"])
         if batch < 0:
             raise ValueError(f"batch must be >= 0, got {batch}")
@@ -911,6 +939,16 @@ class ImageDataset(BatchDataset):
             "caption": [row.get("caption") for row in rows],
             "meta": collate_meta([_as_record(row.get("meta")) for row in rows]),
         }
+
+
+_STATE_KEYS = ("seed", "samples", "source_samples", "batch", "sources")
+
+
+def _require(state: Mapping[str, Any], keys: Sequence[str], what: str) -> None:
+    """ValueError naming the ``keys`` missing from ``state``."""
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise ValueError(f"not {what}: no {', '.join(map(repr, missing))}")
 
 
 def _describe(fingerprint: Mapping[str, Any]) -> str:
