@@ -115,6 +115,31 @@ def test_one_source_epochs_are_permutations_of_positions() -> None:
     np.testing.assert_array_equal(stream.seen(1234), [1234])
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_epoch_orders_are_keyed_apart_from_the_samples_generators(version: int) -> None:
+    """Version 2 keys each source's epoch order (seed, epoch tag, source, epoch): the order of
+    source 1 in epoch e no longer shares its seed with sample e's generator, (seed, 1, e),
+    as in version 1, which resumed runs of states saved before keep."""
+    from kohakuclip.read.permute import permute
+    from kohakuclip.read.seeding import seed_sequence
+
+    seed, sizes = 7, [5, 6]
+    stream = SampleStream(seed, sizes, [1.0, 1.0], epochs=True, version=version)
+    draws = stream.draw(0, 60)
+    for k, n in enumerate(sizes):
+        ids = [d.item - int(stream.offsets[k]) for d in draws if d.source == k]
+        for e in range(len(ids) // n):
+            key = (seed, 3, k, e) if version == 2 else (seed, k, e)
+            expected = permute(n, key, np.arange(n)).tolist()
+            assert ids[e * n : (e + 1) * n] == expected, (k, e)
+    order_key = seed_sequence((seed, 3, 1, 2) if version == 2 else (seed, 1, 2))
+    sample_key_2 = seed_sequence((seed, 1, 2))  # sample_rng(seed, 2)'s
+    same = order_key.generate_state(4).tolist() == sample_key_2.generate_state(4).tolist()
+    assert same == (version == 1)
+    with pytest.raises(ValueError, match="version 3"):
+        SampleStream(seed, sizes, epochs=True, version=3)
+
+
 def test_mixture_forms() -> None:
     one = mixture(["a.zip", "b.zip"])
     assert one.names == ["0"] and one.paths == [["a.zip", "b.zip"]] and one.weights == [1.0]

@@ -317,6 +317,35 @@ def test_a_state_from_other_sources_is_refused(videos: Path, two_folders: dict[s
     )
 
 
+def test_a_state_saved_before_the_stream_version_resumes_its_old_epoch_orders(
+    two_folders: dict[str, str],
+) -> None:
+    """A state without ``stream`` (saved before 2026-12-04) continues the epoch orders its run
+    started with (version 1); new runs and their states use version 2."""
+
+    def make() -> ClipDataset:
+        return ClipDataset(two_folders, 2, frames=FRAMES, weights=[1, 1], epochs=True, size=SIZE)
+
+    old = make()
+    old.stream_version = 1  # as kohakuclip drew them before
+    straight_old = [old.indices(b).tolist() for b in range(12)]
+    straight_new = [make().indices(b).tolist() for b in range(12)]
+    assert straight_old != straight_new
+    loader = ClipLoader(old)
+    loader.load_state_dict({**loader.state_dict(), "stream": 1})
+    for _ in zip(range(5), loader):
+        pass
+    state = loader.state_dict()
+    assert state["stream"] == 1 and state["batch"] == 5
+    del state["stream"]  # as states saved before recorded it
+    resumed = make()
+    ClipLoader(resumed).load_state_dict(state)
+    assert resumed.stream_version == 1
+    assert [resumed.indices(b).tolist() for b in range(5, 12)] == straight_old[5:]
+    fresh = ClipLoader(make()).state_dict()
+    assert fresh["stream"] == 2
+
+
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_same_batches_for_any_worker_count(videos: Path, workers: int) -> None:
     reference = take(ClipLoader(dataset(videos, with_meta=True)), 7)
@@ -374,6 +403,7 @@ def test_resume_continues_with_the_batches_of_a_straight_run(
     state = first.state_dict()
     assert state == {
         "version": STATE_VERSION,
+        "stream": 2,
         "seed": 3,
         "samples": stop * BATCH,
         "source_samples": [stop * BATCH],

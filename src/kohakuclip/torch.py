@@ -34,6 +34,7 @@ from kohakuclip.errors import KohakuClipError
 from kohakuclip.read.pool import PoolClosedError
 from kohakuclip.read.seeding import derive_seed
 from kohakuclip.read.stream import (
+    STREAM_VERSION,
     Draw,
     SampleStream,
     mixture,
@@ -226,6 +227,7 @@ class BatchDataset(IterableDataset):
         self._ranks = None if rank is None or world_size is None else (rank, world_size)
         self._start = 0
         self._origin: tuple[int, int, tuple[int, ...]] = (0, 0, ())  # samples, batch, per source
+        self.stream_version = STREAM_VERSION  # a resumed run keeps the one it started with
         self._sizes: list[int] | None = None  # items per source, once a reader was opened
         self._stream_cache: tuple[Any, SampleStream] | None = None
         self._reader: Any = None
@@ -288,9 +290,20 @@ class BatchDataset(IterableDataset):
         return self._stream_from(self.seed, self._origin, sizes)
 
     def _stream_from(
-        self, seed: int, origin: tuple[int, int, tuple[int, ...]], sizes: Sequence[int]
+        self,
+        seed: int,
+        origin: tuple[int, int, tuple[int, ...]],
+        sizes: Sequence[int],
+        version: int | None = None,
     ) -> SampleStream:
-        stream = SampleStream(seed, sizes, self.mixture.weights, self.epochs, self.mixture.names)
+        stream = SampleStream(
+            seed,
+            sizes,
+            self.mixture.weights,
+            self.epochs,
+            self.mixture.names,
+            version=self.stream_version if version is None else version,
+        )
         samples, _, seen = origin
         if seen:
             stream.restart(samples, seen)
@@ -298,7 +311,7 @@ class BatchDataset(IterableDataset):
 
     def sample_stream(self) -> SampleStream:
         """The sample stream of this seed and resume point over this process's sources."""
-        key = (self.seed, self._origin, self.epochs)
+        key = (self.seed, self._origin, self.epochs, self.stream_version)
         if self._stream_cache is None or self._stream_cache[0] != key:
             self._stream_cache = (key, self._new_stream(self.source_sizes()))
         return self._stream_cache[1]
@@ -326,7 +339,14 @@ class BatchDataset(IterableDataset):
         samples, step, _ = self._origin
         return samples + (batch - step) * self.rank_world[1] * self.batch_size
 
-    def resume_at(self, seed: int, samples: int, batch: int, seen: Sequence[int] = ()) -> None:
+    def resume_at(
+        self,
+        seed: int,
+        samples: int,
+        batch: int,
+        seen: Sequence[int] = (),
+        stream_version: int = STREAM_VERSION,
+    ) -> None:
         """Continue a stream after some samples; checked first: nothing changes when it fails.
 
         Args:
@@ -334,12 +354,14 @@ class BatchDataset(IterableDataset):
             samples: global samples all ranks consumed.
             batch: this rank's next batch.
             seen: how many of ``samples`` each source gave (empty: counted from the start).
+            stream_version: how the stream keys its epoch orders (``read.stream.STREAM_VERSION``,
+                or the one of the run resumed).
         """
         if samples < 0 or batch < 0:
             raise ValueError(f"samples and batch must be >= 0, got {samples}, {batch}")
         origin = (int(samples), int(batch), tuple(int(c) for c in seen))
-        self._stream_from(seed, origin, self.source_sizes())
-        self.seed, self._origin = seed, origin
+        self._stream_from(seed, origin, self.source_sizes(), stream_version)
+        self.seed, self._origin, self.stream_version = seed, origin, stream_version
 
     def indices(self, batch: int, sizes: int | Sequence[int] | None = None) -> np.ndarray:
         """What batch ``batch`` of this rank draws: item ids over all sources, int64 [B].
@@ -767,6 +789,7 @@ class ClipLoader:
         samples = dataset.consumed(batch)
         return {
             "version": STATE_VERSION,
+            "stream": dataset.stream_version,
             "seed": dataset.seed,
             "samples": samples,
             "source_samples": dataset.sample_stream().seen(samples).tolist(),
@@ -792,6 +815,7 @@ class ClipLoader:
         version = state.get("version")
         if version is None:
             seed, samples, batch, seen = self._legacy_state(state)
+            stream = STREAM_VERSION
         elif version != STATE_VERSION:
             raise ValueError(
                 f"loader state format version {version!r}: this kohakuclip reads {STATE_VERSION}"
@@ -801,7 +825,8 @@ class ClipLoader:
             seed, samples, batch = int(state["seed"]), int(state["samples"]), int(state["batch"])
             seen = [int(c) for c in state["source_samples"]]
             self._check_sources(state["sources"])
-        self.dataset.resume_at(seed, samples, batch, seen)
+            stream = int(state.get("stream", 1))  # states saved before it was recorded: 1
+        self.dataset.resume_at(seed, samples, batch, seen, stream)
         self._stop_live()
         self._position = self._floor = batch
         self._ended = False
@@ -839,7 +864,7 @@ class ClipLoader:
         )
         dataset = self.dataset
         samples = batch * dataset.rank_world[1] * dataset.batch_size
-        fresh = dataset._stream_from(seed, (0, 0, ()), dataset.source_sizes())
+        fresh = dataset._stream_from(seed, (0, 0, ()), dataset.source_sizes(), STREAM_VERSION)
         return seed, samples, batch, fresh.seen(samples).tolist()
 
     def __iter__(self) -> Generator[Any, None, None]:

@@ -27,14 +27,28 @@ import numpy as np
 from kohakuclip.read.permute import permute
 from kohakuclip.read.seeding import derive_seed, generator, hashes, uniforms
 
-__all__ = ["Draw", "SampleStream", "mixture", "sample_key", "sample_keys", "sample_rng"]
+__all__ = [
+    "STREAM_VERSION",
+    "Draw",
+    "SampleStream",
+    "mixture",
+    "sample_key",
+    "sample_keys",
+    "sample_rng",
+]
 
 
 Spec = Any
 """What a reader takes as sources: one path, or a sequence of paths."""
 
-_SOURCE_TAG, _ITEM_TAG, _CROP_TAG = 0, 1, 2
+_SOURCE_TAG, _ITEM_TAG, _CROP_TAG, _EPOCH_TAG = 0, 1, 2, 3
 _BLOCK = 1 << 20  # samples hashed per numpy call when counting
+
+STREAM_VERSION = 2
+"""How epoch orders are keyed: 2, (seed, epoch tag, source, epoch); 1 (loader states saved
+before 2026-12-04), (seed, source, epoch), which for source 1 was the key of sample ``epoch``'s
+generator (``sample_rng``): the two draws were not independent. Resumed runs keep the version
+they started with."""
 
 
 def sample_rng(seed: int, g: int) -> np.random.Generator:
@@ -128,6 +142,7 @@ class SampleStream:
         weights: per source (None: one source); a source with weight > 0 must hold items.
         epochs: each source walks a seeded permutation per epoch instead of drawing at random.
         names: per source, for error messages.
+        version: how epoch orders are keyed (``STREAM_VERSION``; 1 for runs started before).
     """
 
     def __init__(
@@ -137,9 +152,13 @@ class SampleStream:
         weights: Sequence[float] | None = None,
         epochs: bool = False,
         names: Sequence[str] | None = None,
+        version: int = STREAM_VERSION,
     ) -> None:
         derive_seed(seed)  # validates it
+        if version not in (1, STREAM_VERSION):
+            raise ValueError(f"sample stream version {version!r}: this kohakuclip has 1 and 2")
         self.seed = seed
+        self.version = version
         self.sizes = np.array([int(n) for n in sizes], dtype=np.int64)
         self.epochs = epochs
         w = np.ones(len(self.sizes)) if weights is None else np.array(weights, dtype=np.float64)
@@ -222,5 +241,6 @@ class SampleStream:
         local = np.empty(len(source), dtype=np.int64)
         for k, e in {(int(k), int(e)) for k, e in zip(source, epoch)}:
             sel = (source == k) & (epoch == e)
-            local[sel] = permute(int(self.sizes[k]), (self.seed, k, e), within[sel])
+            key = (self.seed, _EPOCH_TAG, k, e) if self.version > 1 else (self.seed, k, e)
+            local[sel] = permute(int(self.sizes[k]), key, within[sel])
         return local
