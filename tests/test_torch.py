@@ -392,6 +392,21 @@ def test_direct_iteration_gives_the_same_batches_pinned_where_cuda_is(videos: Pa
     assert all(batch.is_pinned() == torch.cuda.is_available() for batch in got)
 
 
+def test_the_dataset_iterates_from_its_resume_point_after_a_loader_with_workers(
+    videos: Path,
+) -> None:
+    """A ClipLoader whose workers started at batch 3 leaves the dataset as it was: iterating
+    the dataset itself starts at its resume point (batch 0; after ``resume_at``, that batch)."""
+    ds = dataset(videos)
+    first, third = ds.read_batch(0), ds.read_batch(3)
+    loader = ClipLoader(ds, workers=1, timeout=WORKER_TIMEOUT)
+    take(loader, 3)
+    take(loader, 1)  # a second iteration: its workers start at batch 3
+    assert torch.equal(next(iter(ds)), first)
+    ds.resume_at(ds.seed, 3 * BATCH, 3)
+    assert torch.equal(next(iter(ds)), third)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("stop", [0, 1, 3, 5])
 def test_resume_continues_with_the_batches_of_a_straight_run(

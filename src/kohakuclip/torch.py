@@ -225,7 +225,7 @@ class BatchDataset(IterableDataset):
         self.on_error = on_error
         self.reader_options = reader_options
         self._ranks = None if rank is None or world_size is None else (rank, world_size)
-        self._start = 0
+        self._start: int | None = None  # where ClipLoader's workers start (None: the resume point)
         self._origin: tuple[int, int, tuple[int, ...]] = (0, 0, ())  # samples, batch, per source
         self.stream_version = STREAM_VERSION  # a resumed run keeps the one it started with
         self._sizes: list[int] | None = None  # items per source, once a reader was opened
@@ -523,14 +523,15 @@ class BatchDataset(IterableDataset):
     # --- iteration ----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
-        """Batches ``start, start + 1, ...``, pinned when CUDA is available (pinning creates a
-        CUDA context on the current device: under DDP, call ``torch.cuda.set_device`` first);
-        in a DataLoader worker, its share of them, unpinned (``pin_memory=True`` makes the
-        DataLoader pin them)."""
+        """Batches from the resume point on (0, or ``resume_at``'s batch), pinned when CUDA is
+        available (pinning creates a CUDA context on the current device: under DDP, call
+        ``torch.cuda.set_device`` first); in a DataLoader worker, its share of them, unpinned
+        (``pin_memory=True`` makes the DataLoader pin them)."""
         info = get_worker_info()
+        start = self._origin[1] if self._start is None else self._start
         if info is None:
-            return self._stream(self._start, 1, 2, pin=torch.cuda.is_available())
-        return self._stream(self._start + info.id, info.num_workers, 2, pin=False)
+            return self._stream(start, 1, 2, pin=torch.cuda.is_available())
+        return self._stream(start + info.id, info.num_workers, 2, pin=False)
 
     def _stream(self, start: int, step: int, depth: int, pin: bool) -> Generator[Any, None, None]:
         """Batches ``start, start + step, ...`` with ``depth`` of them decoding at any time."""
@@ -889,7 +890,6 @@ class ClipLoader:
         dataset._pin_ranks()
         if self.workers == 0:
             return dataset._stream(start, 1, self.prefetch, pin=self.pin_memory)
-        dataset._start = start
         loader = DataLoader(
             dataset,
             batch_size=None,
@@ -900,7 +900,11 @@ class ClipLoader:
             multiprocessing_context=self.multiprocessing_context or _context_for(dataset),
             generator=torch.Generator(),  # keeps the global torch RNG untouched
         )
-        return iter(loader)
+        dataset._start = start  # the workers take their copies as the iterator starts them
+        try:
+            return iter(loader)
+        finally:
+            dataset._start = None  # iterating the dataset itself starts at its resume point
 
     def _run(self, start: int) -> Generator[Any, None, None]:
         batches = self._batches(start)
