@@ -338,8 +338,9 @@ def dqt_tail_frame_header() -> bytes:
 
 
 def _png_variants() -> dict[str, bytes]:
-    """PNGs of each colour type and depth: 8-bit RGB and gray ones (interlaced too) are
-    what libavcodec decodes to rgb24 / gray8, the compiled path's pixel formats."""
+    """PNGs of each colour type and depth: the 8-bit ones (interlaced too) are what libavcodec
+    decodes to rgb24, gray8, pal8, ya8 and rgba, the compiled path's pixel formats; 16-bit
+    and 1-bit ones are not."""
     from tests.image_media import encode
 
     rgb = Image.fromarray(photo(70, 90, seed=5))
@@ -352,6 +353,8 @@ def _png_variants() -> dict[str, bytes]:
         "png_gray_alpha": encode(rgb.convert("LA"), "PNG"),
         "png_16bit": encode(Image.fromarray(np.asarray(rgb.convert("L"), np.uint16) * 257), "PNG"),
         "png_rgb_transparent": encode(rgb, "PNG", transparency=(1, 2, 3)),
+        "png_palette_transparent": encode(rgb.convert("P"), "PNG", transparency=7),
+        "png_1bit": encode(rgb.convert("1", dither=Image.Dither.NONE), "PNG"),
     }
 
 
@@ -383,7 +386,7 @@ def test_picture_sizes_walk_the_headers(tmp_path):
     assert fetched.tolist() == found
     assert len(variants["long_exif"]) > 20000
     refused = ("cmyk", "cut", "empty", "two_frame_headers", "jpg0_thumbnail", "png_cut")
-    refused += ("png_palette", "png_alpha", "png_gray_alpha", "png_16bit")
+    refused += ("png_16bit", "png_1bit")
     for (name, data), size in zip(variants.items(), found, strict=True):
         if name == "dqt_tail":  # the segments' header: the compiled drivers check the decoder's
             assert size == [130, 90, 0]

@@ -191,6 +191,21 @@ def test_palette_with_transparency():
     assert psnr(_decode(stored.data), expected) > 33
 
 
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_a_transparent_colour_of_an_rgb_or_gray_png_turns_white(mode):
+    """A tRNS colour of an RGB or gray PNG is transparent, as an alpha channel would be: those
+    pixels are stored white, the others as they are."""
+    pixels = np.asarray(Image.fromarray(photo(64, 80, seed=8)).convert(mode)).copy()
+    key = (10, 20, 30) if mode == "RGB" else 10
+    pixels[:16, :16] = key
+    data = encode(Image.fromarray(pixels), "PNG", transparency=key)
+    stored = _decode(encode_image(data, max_short=0, min_short=0, quality=100).data)
+    gray = stored if stored.ndim == 2 else stored.mean(axis=2)
+    assert gray[2:14, 2:14].min() >= 250  # white (JPEG leaves a level or two)
+    rest = pixels[24:, 24:] if mode == "L" else pixels[24:, 24:].mean(axis=2)
+    assert np.abs(gray[24:, 24:].astype(float) - rest).mean() < 3
+
+
 def test_cmyk_jpeg():
     rgb = photo(100, 130, seed=8)
     cmyk = Image.fromarray(rgb).convert("CMYK")

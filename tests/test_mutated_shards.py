@@ -218,10 +218,10 @@ def shard(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if container == "folder":  # plain JPEG files: sized from their headers, compiled code
         os.rename(photos, root / "image_folder")
         return str(root / "image_folder")
-    if container == "png":  # plain RGB and gray PNG files: the same
+    if container == "png":  # plain PNG files (RGB, gray, RGBA, palette): the same
         (root / "image_png").mkdir()
         for i, name in enumerate(sorted(os.listdir(photos))):
-            image = Image.open(photos / name).convert("L" if i == 1 else "RGB")
+            image = Image.open(photos / name).convert(["RGB", "L", "RGBA", "P"][i])
             image.save(root / "image_png" / f"{i}.png")
         return str(root / "image_png")
     if container == "tar":  # a plain (WebDataset) tar: the same, its members without an index

@@ -29,6 +29,8 @@ def flatten(image: Image.Image) -> Image.Image:
         image = _wide_gray_to_8bit(image)
     elif mode == "1":
         image = image.convert("L")
+    elif mode in ("L", "RGB") and "transparency" in image.info:
+        image = image.convert(mode + "A")  # a PNG's tRNS colour: transparent
     mode = image.mode
     if mode in ("LA", "RGBA"):
         color = image.convert(mode[:-1])

@@ -51,12 +51,15 @@ __all__ = [
     "FORMAT",
     "FULL_RANGE",
     "GRAY",
+    "GRAY_ALPHA",
     "HEIGHT",
     "OK",
     "OTHER",
+    "PALETTE",
     "PICTURE_FIELDS",
     "PTS",
     "RGB",
+    "RGBA",
     "U_ADDRESS",
     "V_ADDRESS",
     "WIDTH",
@@ -100,6 +103,7 @@ _EOF = -(ord("E") | ord("O") << 8 | ord("F") << 16 | ord(" ") << 24)  # AVERROR_
 _RANGE_JPEG = 2  # AVCOL_RANGE_JPEG
 _UNSPECIFIED = 2  # AVCOL_PRI / TRC / SPC_UNSPECIFIED
 _FRAME_FLAG_CORRUPT = 1
+_PALETTE_BYTES = 1024  # AVPALETTE_SIZE
 # AVPixelFormat values (checked against av_get_pix_fmt at load) -> (our code, full range)
 _PIX_FMTS = {
     "yuv420p": (0, 0, 0),
@@ -107,12 +111,15 @@ _PIX_FMTS = {
     "yuv444p": (5, 2, 0),
     "gray": (8, 3, 0),
     "rgb24": (2, 4, 0),
+    "rgba": (26, 5, 0),
+    "ya8": (56, 6, 0),
+    "pal8": (11, 7, 0),
     "yuvj420p": (12, 0, 1),
     "yuvj422p": (13, 1, 1),
     "yuvj444p": (14, 2, 1),
 }
-_CODE_OF_FORMAT = np.full(16, -1, np.int64)
-_FULL_OF_FORMAT = np.zeros(16, np.int64)
+_CODE_OF_FORMAT = np.full(64, -1, np.int64)
+_FULL_OF_FORMAT = np.zeros(64, np.int64)
 for _value, _code, _full in _PIX_FMTS.values():
     _CODE_OF_FORMAT[_value], _FULL_OF_FORMAT[_value] = _code, _full
 
@@ -120,9 +127,12 @@ for _value, _code, _full in _PIX_FMTS.values():
 OK, AGAIN, END = 0, 1, 2
 """Statuses of ``send_packet`` / ``receive_frame``: done, EAGAIN (receive / send first), EOF
 (drained). Negative values are AVERROR codes (``error_text`` names them)."""
-YUV420, YUV422, YUV444, GRAY, RGB, OTHER = 0, 1, 2, 3, 4, -1
-"""Pixel-format codes in ``picture[FORMAT]`` (8-bit planar, or ``RGB``: one plane of packed
-8-bit RGB; ``OTHER`` for anything else)."""
+YUV420, YUV422, YUV444, GRAY, RGB, RGBA, GRAY_ALPHA, PALETTE = 0, 1, 2, 3, 4, 5, 6, 7
+OTHER = -1
+"""Pixel-format codes in ``picture[FORMAT]``: 8-bit planar YUV or gray; packed 8-bit ``RGB``,
+``RGBA`` and ``GRAY_ALPHA`` (one plane, in Y's place); ``PALETTE``, 8-bit indices in Y's place
+and 256 native-endian 0xAARRGGBB words in U's; ``OTHER`` for anything else."""
+_PACKED_BYTES = {RGB: 3, RGBA: 4, GRAY_ALPHA: 2}  # bytes per pixel of the packed formats
 PTS, WIDTH, HEIGHT, FORMAT, FULL_RANGE = 0, 1, 2, 3, 4
 Y_ADDRESS, Y_STRIDE, U_ADDRESS, U_STRIDE, V_ADDRESS, V_STRIDE, CORRUPT = range(5, 12)
 PICTURE_FIELDS = 12
@@ -221,10 +231,12 @@ def receive_frame(handle: np.ndarray, picture: np.ndarray) -> int:
         full = _FULL_OF_FORMAT[fmt]
     if ints[_F_COLOR_RANGE // 4] == _RANGE_JPEG:
         full = 1
-    planes = 1 if code in (GRAY, RGB) else 3
+    planes = 3 if code in (YUV420, YUV422, YUV444) else 2 if code == PALETTE else 1
     for k in range(3):
         address = words[_F_DATA // 8 + k] if k < planes else 0
         stride = ints[_F_LINESIZE // 4 + k] if k < planes else 0
+        if code == PALETTE and k == 1:  # one row: 256 words (libavcodec leaves its linesize 0)
+            stride = _PALETTE_BYTES
         if stride < 0:  # a picture the decoder turned upside down: its rows as stored
             rows = picture[HEIGHT] if k == 0 or code != YUV420 else (picture[HEIGHT] + 1) // 2
             address += (rows - 1) * stride
@@ -306,14 +318,17 @@ def _plane(address: int, rows: int, stride: int) -> np.ndarray:
 
 def planes(picture: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """The Y, U, V planes ``picture`` describes, as arrays over whole rows (stride wide; U
-    and V None for gray and RGB, whose packed plane stands in Y's place), valid while the
-    frame is. 8-bit formats only."""
+    and V None for gray and the packed formats, whose plane stands in Y's place; for a
+    palette picture, U is the palette, one row of 1024 bytes), valid while the frame is.
+    8-bit formats only."""
     code = int(picture[FORMAT])
     if code == OTHER:
-        raise AvcodecError("not an 8-bit planar YUV, gray or RGB picture")
+        raise AvcodecError("not an 8-bit planar YUV, gray, RGB(A), gray + alpha or palette picture")
     height = int(picture[HEIGHT])
     y = _plane(int(picture[Y_ADDRESS]), height, int(picture[Y_STRIDE]))
-    if code in (GRAY, RGB):
+    if code == PALETTE:
+        return y, _plane(int(picture[U_ADDRESS]), 1, _PALETTE_BYTES), None
+    if code in (GRAY, RGB, RGBA, GRAY_ALPHA):
         return y, None, None
     rows = (height + 1) // 2 if code == YUV420 else height
     u = _plane(int(picture[U_ADDRESS]), rows, int(picture[U_STRIDE]))
@@ -626,8 +641,9 @@ def _decode(
                 return status
             y, u, v = planes(picture)
             width, cw = int(picture[WIDTH]), chroma_width(picture)
-            if picture[FORMAT] == RGB:
-                width *= 3
+            width *= _PACKED_BYTES.get(int(picture[FORMAT]), 1)
+            if picture[FORMAT] == PALETTE:
+                cw = _PALETTE_BYTES
             out.append(
                 (
                     picture.copy(),
@@ -717,9 +733,13 @@ def _pyav_frames(
         for frame in ctx.decode(packet):
             arrays = []
             for k, plane in enumerate(frame.planes):
+                if frame.format.name == "pal8" and k == 1:  # the palette: one 1024-byte row
+                    arrays.append(np.frombuffer(plane, np.uint8)[:_PALETTE_BYTES][None].copy())
+                    continue
                 rows = frame.height if k == 0 else plane.height
                 view = np.frombuffer(plane, np.uint8).reshape(rows, plane.line_size)
-                columns = 3 * frame.width if frame.format.name == "rgb24" else plane.width
+                packed = _PACKED_BYTES.get(_FORMAT_CODES.get(frame.format.name, OTHER), 1)
+                columns = packed * frame.width if packed > 1 else plane.width
                 arrays.append(view[:, :columns].copy())
             frames.append(
                 (int(frame.pts), frame.format.name, int(frame.color_range), tuple(arrays))
@@ -759,10 +779,13 @@ def _layout_streams() -> list[tuple[str, int, list[tuple[bytes, int]]]]:
         image.save(buf, "JPEG", quality=90, subsampling=subsampling)
         pictures.append((buf.getvalue(), k))
     pngs = []  # two RGB pictures of one size: the second must not read as a difference
-    for k, mode in enumerate(("RGB", "RGB", "L")):
+    for k, mode in enumerate(("RGB", "RGB", "L", "RGBA", "LA", "P")):
         pixels = np.dstack([(xx * 5 + yy * 2) % 256, (yy * 7) % 256, rng.integers(0, 256, (h, w))])
         buf = io.BytesIO()
-        Image.fromarray(pixels.astype(np.uint8)).convert(mode).save(buf, "PNG")
+        image = Image.fromarray(pixels.astype(np.uint8))
+        if mode.endswith("A"):
+            image.putalpha(Image.fromarray((xx * 11 % 256).astype(np.uint8)))
+        image.convert(mode).save(buf, "PNG", **({"transparency": 3} if mode == "P" else {}))
         pngs.append((buf.getvalue(), k))
     return [
         ("h264", 0, encoded),
@@ -778,7 +801,8 @@ _FORMAT_CODES = {name: code for name, (_, code, _) in _PIX_FMTS.items()}
 @cache
 def layout() -> tuple[str, ...]:
     """Check the struct offsets by decoding small streams (x264 with B-frames and two GOPs;
-    JPEGs at 4:2:0, 4:2:2, 4:4:4 and gray, full size and lowres 1; RGB and gray PNGs) with
+    JPEGs at 4:2:0, 4:2:2, 4:4:4 and gray, full size and lowres 1; RGB, gray, RGBA, gray +
+    alpha and palette PNGs) with
     the primitives and with PyAV: planes, pts, size, pixel format and range must agree.
     Returns the mismatches (empty: the direct path is sound)."""
     lib = _libraries()
@@ -807,7 +831,7 @@ def layout() -> tuple[str, ...]:
             )
             expected = (
                 pts,
-                theirs[0].shape[1] // (3 if fmt == "rgb24" else 1),
+                theirs[0].shape[1] // _PACKED_BYTES.get(_FORMAT_CODES.get(fmt, OTHER), 1),
                 theirs[0].shape[0],
                 _FORMAT_CODES.get(fmt, OTHER),
                 int(fmt.startswith("yuvj") or color_range == _RANGE_JPEG),

@@ -38,6 +38,7 @@ import numpy as np
 from numba import carray, types
 
 from kohakuclip.decode import _avcodec, _dav1d
+from kohakuclip.decode._alpha import flatten_window
 from kohakuclip.decode._copy import copy_bytes
 from kohakuclip.decode._dav1d import _voidptr
 from kohakuclip.decode._frame import (
@@ -122,14 +123,15 @@ _SOF_FIRST, _SOF_LAST = 0xC0, 0xC2  # baseline, extended sequential, progressive
 
 
 _PNG_SIGNATURE = np.frombuffer(b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR", np.uint8)
-_PNG_GRAY, _PNG_RGB = 0, 2  # the colour types libavcodec gives as gray8 / rgb24 (8-bit)
+_PNG_TYPES = np.array([1, 0, 1, 1, 1, 0, 1], np.bool_)  # gray, RGB, palette, gray + alpha, RGBA
+# (colour types 0, 2, 3, 4, 6): at 8 bits, what libavcodec gives as gray8, rgb24, pal8, ya8, rgba
 
 
 @numba.njit(inline="always")
 def _png_size(window: np.ndarray, have: int) -> tuple[int, int]:
     """(width, height) from the IHDR chunk of a PNG whose first ``have`` bytes are in
-    ``window``; (0, 0) for anything but an 8-bit gray or RGB PNG (palette, alpha and 16-bit
-    ones decode to other pixel formats), or sides past 65535."""
+    ``window``; (0, 0) for anything but an 8-bit PNG (16-bit and 1- to 4-bit ones decode to
+    other pixel formats), or sides past 65535."""
     if have < 29:
         return 0, 0
     for k in range(len(_PNG_SIGNATURE)):
@@ -141,7 +143,9 @@ def _png_size(window: np.ndarray, have: int) -> tuple[int, int]:
         height = (height << 8) | int(window[20 + k])
     depth, colour, compression, filtering = window[24], window[25], window[26], window[27]
     interlace = window[28]
-    if depth != 8 or (colour != _PNG_GRAY and colour != _PNG_RGB) or compression or filtering:
+    if depth != 8 or colour >= len(_PNG_TYPES) or not _PNG_TYPES[colour]:
+        return 0, 0
+    if compression or filtering:
         return 0, 0
     if interlace > 1 or not (0 < width <= 65535 and 0 < height <= 65535):
         return 0, 0
@@ -568,6 +572,21 @@ def _plane(picture: np.ndarray, field: int, rows: int) -> np.ndarray:
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
+def _flattened(picture: np.ndarray, plane: np.ndarray, crop: np.ndarray) -> tuple[Any, Any]:
+    """The crop window of an RGBA, gray + alpha or palette picture composited onto white, as
+    packed RGB of the window's size, and the crop row that places the window at (0, 0)."""
+    code = picture[_avcodec.FORMAT]
+    palette = np.zeros(0, np.uint8)
+    if code == _avcodec.PALETTE:
+        palette = carray(_voidptr(picture[_avcodec.U_ADDRESS]), (1024,), np.uint8)
+    window = np.empty((crop[3], 3 * crop[2]), np.uint8)
+    flatten_window(plane, palette, code, crop[0], crop[1], window)
+    moved = crop.copy()
+    moved[0], moved[1] = 0, 0
+    return window, moved
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
 def _take_frames(
     handle: np.ndarray,
     picture: np.ndarray,
@@ -607,7 +626,10 @@ def _take_frames(
                 continue
             start = _now(clock)
             y = _plane(picture, _avcodec.Y_ADDRESS, ph)
-            if fmt == _avcodec.GRAY or fmt == _avcodec.RGB:
+            crop = crops[m - c]
+            if fmt >= _avcodec.RGBA:  # alpha or a palette: the window onto white, as RGB
+                y, crop = _flattened(picture, y, crop)
+            if fmt == _avcodec.GRAY or fmt >= _avcodec.RGB:
                 u = v = neutral
                 sx, sy = 0, 0
             else:
@@ -617,8 +639,8 @@ def _take_frames(
             if crops[0, 6] != sx or crops[0, 7] != sy:
                 crops[:, 6], crops[:, 7] = sx, sy
                 taps = frame_taps(crops[0], output[2][0], output[2][1])
-            rgb = fmt == _avcodec.RGB
-            _place(share, m, t, crops[m - c], taps, y, u, v, written, output, rgb)
+            rgb = fmt >= _avcodec.RGB
+            _place(share, m, t, crop, taps, y, u, v, written, output, rgb)
             counts[1] += _now(clock) - start
         _avcodec.unref_frame(handle)
 
