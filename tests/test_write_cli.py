@@ -189,10 +189,10 @@ def test_an_output_that_is_not_a_folder_is_a_one_line_error(tmp_path, capsys, ma
 def test_the_image_writer_refuses_an_earlier_run_without_resume(tmp_path, capsys) -> None:
     src = folder(tmp_path / "src", {"p.jpg": jpeg()})
     out = tmp_path / "out"
-    write_images(out, [src], min_short=0, progress=False)
+    write_images(out, [src], min_short=0, max_short=64, progress=False)  # IMAGES' settings
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(WriteError, match=r"holds an earlier run .*resume"):
-        write_images(out, [src], min_short=0, progress=False)
+        write_images(out, [src], min_short=0, max_short=64, progress=False)
     assert image_cli.main([str(out), str(src), *IMAGES]) == 2
     assert "--resume" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -8,6 +8,8 @@ import json
 import os
 import sys
 import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
@@ -64,6 +66,27 @@ def make_tar(path: Path, files: dict[str, bytes]) -> Path:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return path
+
+
+@contextmanager
+def encoding_stops_at(monkeypatch: pytest.MonkeyPatch, n: int) -> Iterator[None]:
+    """The block's run stops at its ``n``-th encode, as Ctrl-C would stop it there (the block
+    must raise that KeyboardInterrupt); encoding is as before after it."""
+    real = shards.encode_video
+    calls: list[str] = []
+
+    def stopping(data, settings, name, **kw):  # type: ignore[no-untyped-def]
+        calls.append(name)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(data, settings, name, **kw)
+
+    monkeypatch.setattr(shards, "encode_video", stopping)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield
+    finally:
+        monkeypatch.setattr(shards, "encode_video", real)
 
 
 def shard_bytes(out: Path) -> dict[str, bytes]:
@@ -226,20 +249,9 @@ def test_interrupted_run_resumes_to_the_same_shards(tmp_path, monkeypatch) -> No
     sources = [(f"v{i}.mp4", clip(i, 12)) for i in range(5)]
     straight = tmp_path / "straight"
     write_videos(straight, sources, per_shard=2, workers=1, **FAST)
-    real = shards.encode_video
-    calls = []
-
-    def flaky(data, settings, name, **kw):
-        calls.append(name)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real(data, settings, name, **kw)
-
     out = tmp_path / "out"
-    monkeypatch.setattr(shards, "encode_video", flaky)
-    with pytest.raises(KeyboardInterrupt):
+    with encoding_stops_at(monkeypatch, 4):
         write_videos(out, sources, per_shard=2, workers=1, **FAST)
-    monkeypatch.setattr(shards, "encode_video", real)
     assert sorted(p.name for p in out.glob("shard_*")) == ["shard_00000.zip"]  # nothing partial
     assert not (out / "manifest.parquet").exists()
     (out / "shard_00002.zip.tmp").write_bytes(b"left by a crash")
@@ -265,20 +277,9 @@ def test_a_name_the_tar_repeats_is_its_own_video_on_resume(tmp_path, monkeypatch
     rows = manifest(straight)
     assert [r["member"] for r in rows] == ["a.mp4", "a_1.mp4"]
     assert [r["source"] for r in rows] == [f"{archive}::a.mp4", f"{archive}::a.mp4#2"]
-    real = shards.encode_video
-    calls: list[str] = []
-
-    def stopping(data, settings, name, **kw):
-        calls.append(name)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(data, settings, name, **kw)
-
     out = tmp_path / "out"
-    monkeypatch.setattr(shards, "encode_video", stopping)
-    with pytest.raises(KeyboardInterrupt):
+    with encoding_stops_at(monkeypatch, 2):
         write_videos(out, [archive], per_shard=1, workers=1, **FAST)
-    monkeypatch.setattr(shards, "encode_video", real)
     resumed = write_videos(out, [archive], per_shard=1, workers=1, resume=True, **FAST)
     assert (resumed.videos, resumed.resumed_videos) == (1, 1)
     assert manifest(out) == rows and shard_bytes(out) == shard_bytes(straight)
