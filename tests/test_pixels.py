@@ -176,6 +176,7 @@ def _reference_rgb_frame(rgb: np.ndarray, crop: Crop, mode: str, side: int, wind
         (Crop(0, 0, 64, 64), 32),
         (Crop(1, 2, 31, 31), 31),
         (Crop(8, 9, 17, 23), 40),
+        (Crop(4, 4, 5, 5), 33),  # a window under a third of an odd output: the halving's scratch
     ],
 )
 @pytest.mark.parametrize("flips", [(False, False), (True, True), (True, False)])

@@ -239,8 +239,9 @@ def write_rgb_frame(
         ycbcr_planes(red, green, blue, out_y, green, blue)
         c = out_u.shape[0]
         starts, weights = _resize.taps(s, c)  # the chroma halved, as in the other modes
-        resize_window(green, starts, weights, starts, weights, tmp[:s, :c], out_u, False, False)
-        resize_window(blue, starts, weights, starts, weights, tmp[:s, :c], out_v, False, False)
+        half = ybuf[:s, :c]  # red is spent: its plane is the halving's scratch (tmp may be short)
+        resize_window(green, starts, weights, starts, weights, half, out_u, False, False)
+        resize_window(blue, starts, weights, starts, weights, half, out_v, False, False)
     else:
         out_y, out_u, out_v = _packed_planes(dst, window)
         ycbcr_window_420(pixels, out_y, out_u, out_v)
