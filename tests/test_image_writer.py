@@ -679,20 +679,23 @@ def test_every_image_of_an_archive_is_stored_repeats_too_and_resumes(tmp_path, m
 
 def test_image_names_that_are_not_utf8_are_stored_escaped_and_resume(tmp_path):
     """An image file and a tar member whose names are not UTF-8 are stored with the bad bytes
-    as ``\\xNN`` in their keys and sources; a resumed run finds them done."""
+    as ``\\xNN`` in their keys and sources; a name that prints as another does gets its own
+    source (``#2``), and a resumed run finds them all done."""
     raw = os.fsdecode(b"n\xff\xfe.png")
     folder = tmp_path / "images"
     folder.mkdir()
     (folder / raw).write_bytes(encode(Image.fromarray(photo(40, 48, seed=1)), "PNG"))
+    (folder / "n\\xff\\xfe.png").write_bytes(encode(Image.fromarray(photo(40, 48, seed=3)), "PNG"))
     tar = str(tmp_path / "images.tar")
     _tar_of(tar, [(raw, encode(Image.fromarray(photo(40, 48, seed=2)), "PNG"))])
     out = tmp_path / "out"
     summary = write_images(out, [str(folder), tar], min_short=0, progress=False)
-    assert (summary.images, summary.skipped) == (2, 0)
+    assert (summary.images, summary.skipped) == (3, 0)
     rows = pq.read_table(out / "manifest.parquet").to_pylist()
-    assert [r["key"] for r in rows] == ["n\\xff\\xfe", "n\\xff\\xfe_1"]
-    assert [r["source"] for r in rows] == [f"{folder}/n\\xff\\xfe.png", f"{tar}:n\\xff\\xfe.png"]
+    assert [r["key"] for r in rows] == ["n\\xff\\xfe", "n\\xff\\xfe_1", "n\\xff\\xfe_2"]
+    assert sorted(r["source"] for r in rows) == sorted(
+        [f"{folder}/n\\xff\\xfe.png", f"{folder}/n\\xff\\xfe.png#2", f"{tar}:n\\xff\\xfe.png"]
+    )
     again = write_images(out, [str(folder), tar], min_short=0, progress=False, resume=True)
-    assert again.images == 2 and [
-        r["key"] for r in pq.read_table(out / "manifest.parquet").to_pylist()
-    ] == ["n\\xff\\xfe", "n\\xff\\xfe_1"]
+    assert again.images == 3
+    assert pq.read_table(out / "manifest.parquet").to_pylist() == rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 
-__all__ = ["list_folder", "media_or_shards", "mixed_message", "printable_name"]
+__all__ = ["list_folder", "media_or_shards", "mixed_message", "printable_name", "unique_origins"]
 
 
 def printable_name(name: str) -> str:
@@ -17,6 +17,28 @@ def printable_name(name: str) -> str:
         name: a path or member name.
     """
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def unique_origins(origins: list[str]) -> list[str]:
+    """``origins`` as ``printable_name`` writes them, one that repeats an earlier one (the same
+    name twice in an archive, or a name that prints as another does) marked ``#2``, ``#3``,
+    ...: one origin per item, so that a resumed conversion tells them apart. Unique printable
+    origins come back unchanged.
+
+    Args:
+        origins: paths, ``archive::member`` names or URLs, in listing order.
+    """
+    taken: set[str] = set()
+    unique = []
+    for origin in origins:
+        base = mark = printable_name(origin)
+        repeat = 1
+        while mark in taken:
+            repeat += 1
+            mark = f"{base}#{repeat}"
+        taken.add(mark)
+        unique.append(mark)
+    return unique
 
 
 def list_folder(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from kohakuclip.errors import KohakuClipError
-from kohakuclip.storage.folder import printable_name
+from kohakuclip.storage.folder import unique_origins
 from kohakuclip.storage.ranged import RangedFile, open_local
 
 __all__ = [
@@ -46,22 +46,16 @@ class Member:
 
 
 def member_origins(where: str, names: list[str], separator: str) -> list[str]:
-    """Each member's origin, ``where`` + ``separator`` + its name, a name the archive repeats
-    marked ``#2``, ``#3``, ... from its second member on: one origin per member, so that a
-    resumed conversion tells repeated names apart (as ``printable_name`` writes it).
+    """Each member's origin, ``where`` + ``separator`` + its name, made unique as
+    ``unique_origins`` makes them (a name the archive repeats is marked ``#2``, ...), so that
+    a resumed conversion tells repeated names apart.
 
     Args:
         where: the archive's path or URL.
         names: its members' names, in archive order.
         separator: between the archive and the name ("::" for videos, ":" for images).
     """
-    seen: dict[str, int] = {}
-    origins = []
-    for name in names:
-        seen[name] = seen.get(name, 0) + 1
-        mark = f"#{seen[name]}" if seen[name] > 1 else ""
-        origins.append(printable_name(f"{where}{separator}{name}{mark}"))
-    return origins
+    return unique_origins([f"{where}{separator}{name}" for name in names])
 
 
 class ZipWriter:

@@ -33,7 +33,7 @@ from urllib.parse import unquote, urlsplit
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import IMAGE_SUFFIXES
 from kohakuclip.storage.files import open_regular
-from kohakuclip.storage.folder import list_folder, printable_name
+from kohakuclip.storage.folder import list_folder, printable_name, unique_origins
 from kohakuclip.storage.ranged import RangedFile
 from kohakuclip.storage.remote import (
     MissingObjectError,
@@ -150,9 +150,8 @@ def _local(path: str, kind: str) -> Iterator[SourceImage | _Local]:
             return
         yield from _archive(path, members)
     else:
-        yield _Local(
-            printable_name(path), partial(_file, path, os.path.splitext(os.path.basename(path))[0])
-        )
+        key = os.path.splitext(os.path.basename(path))[0]
+        yield _Local(printable_name(path), partial(_file, path, key, printable_name(path)))
 
 
 def _read_file(path: str) -> Callable[[], bytes]:
@@ -170,12 +169,12 @@ def _sidecar(path: str) -> str | None:
         return f.read().decode("utf-8", "replace")
 
 
-def _file(path: str, key: str) -> SourceImage:
+def _file(path: str, key: str, origin: str) -> SourceImage:
     stem = os.path.splitext(path)[0]
     caption = _sidecar(stem + _CAPTION_SUFFIX)
     return SourceImage(
         printable_name(key),
-        printable_name(path),
+        origin,
         _read_file(path),
         caption.strip() if caption is not None else None,
         _sidecar(stem + _META_SUFFIX),
@@ -186,9 +185,10 @@ def _folder(root: str) -> Iterator[SourceImage | _Local]:
     """The images below ``root``; a folder that cannot be listed comes as an item whose read
     fails, so that the skip log names it."""
     unlistable: list[OSError] = []
-    for rel in list_folder(root, IMAGE_SUFFIXES, on_error=unlistable.append):
-        path = os.path.join(root, rel)
-        yield _Local(printable_name(path), partial(_file, path, os.path.splitext(rel)[0]))
+    rels = list_folder(root, IMAGE_SUFFIXES, on_error=unlistable.append)
+    paths = [os.path.join(root, rel) for rel in rels]
+    for rel, path, origin in zip(rels, paths, unique_origins(paths), strict=True):
+        yield _Local(origin, partial(_file, path, os.path.splitext(rel)[0], origin))
     for error in unlistable:
         path = str(error.filename)
         key = printable_name(os.path.relpath(path, root).replace(os.sep, "/"))

@@ -30,7 +30,7 @@ from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
 from kohakuclip.gulp.meta import is_gulp_directory
-from kohakuclip.storage.folder import list_folder, printable_name
+from kohakuclip.storage.folder import list_folder, printable_name, unique_origins
 from kohakuclip.storage.remote import (
     MissingObjectError,
     RemoteObject,
@@ -206,16 +206,17 @@ def _file_sidecars(path: str) -> dict[str, bytes]:
     return found
 
 
-def _file_source(path: str, name: str) -> Source | tuple[str, str]:
-    """The video at ``path``, or (path, reason) for a dangling link, a FIFO, a device ..."""
+def _file_source(path: str, name: str, origin: str | None = None) -> Source | tuple[str, str]:
+    """The video at ``path`` (``origin``: how the manifest names it; default its printable
+    path), or (path, reason) for a dangling link, a FIFO, a device ..."""
     try:
         info = os.stat(path)
     except OSError as e:
         return path, f"{path}: cannot read ({e.strerror or e})"
     if not stat.S_ISREG(info.st_mode):
         return path, f"{path}: not a regular file"
-    return Source(printable_name(name), printable_name(path), info.st_size, _file_sidecars(path),
-                  path=path)  # fmt: skip
+    origin = printable_name(path) if origin is None else origin
+    return Source(printable_name(name), origin, info.st_size, _file_sidecars(path), path=path)
 
 
 def _folder_sources(root: str) -> tuple[list[Source], list[tuple[str, str]]]:
@@ -227,9 +228,10 @@ def _folder_sources(root: str) -> tuple[list[Source], list[tuple[str, str]]]:
         unreadable.append((str(e.filename), f"{e.filename}: cannot list ({e.strerror or e})"))
 
     names = list_folder(root, VIDEO_SUFFIXES, on_error=failed)
+    paths = [os.path.join(root, *name.split("/")) for name in names]
     sources = []
-    for name in names:
-        found = _file_source(os.path.join(root, *name.split("/")), name)
+    for name, path, origin in zip(names, paths, unique_origins(paths), strict=True):
+        found = _file_source(path, name, origin)
         if isinstance(found, Source):
             sources.append(found)
         else:
