@@ -8,12 +8,16 @@ filter chain is the same; only the encode runs in the subprocess. The binary is
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
 import shutil
 import subprocess
 import tempfile
 import threading
+import time
+from collections.abc import Iterator
 from fractions import Fraction
 
 import av
@@ -36,7 +40,9 @@ __all__ = ["FFMPEG_ENV", "encode_video_ffmpeg"]
 
 FFMPEG_ENV = "KOHAKUCLIP_FFMPEG"
 _STOP_POLL_SECONDS = 0.2
-_WORK_PREFIX = "kohakuclip-ffmpeg-"  # + the writer's pid + "-": its scratch folders
+_WORK_PREFIX = "kohakuclip-ffmpeg-"  # the writers' scratch folders
+_LOCK = ".lock"  # in a scratch folder: its writer holds an exclusive flock on it
+_UNLOCKED_AGE = 24 * 3600  # seconds after which a scratch folder without a lock file is stale
 
 
 def ffmpeg_binary() -> str:
@@ -52,27 +58,51 @@ def ffmpeg_binary() -> str:
 @functools.cache
 def _sweep_abandoned() -> None:
     """Remove the scratch folders (``_WORK_PREFIX``) of writers that died without cleaning up
-    (killed outright), once per process: those whose pid no process has any more."""
+    (killed outright), once per process: those whose lock file no process holds (a lock is
+    seen across PID namespaces and, on file systems that share locks, across nodes). A folder
+    without a lock file is left alone unless it is a day old (another writer may be creating
+    it right now)."""
     root = tempfile.gettempdir()
     try:
-        names = os.listdir(root)
+        names = [name for name in os.listdir(root) if name.startswith(_WORK_PREFIX)]
     except OSError:
         return
     for name in names:
-        pid = name[len(_WORK_PREFIX) :].partition("-")[0]
-        if not (name.startswith(_WORK_PREFIX) and pid.isdigit()) or _alive(int(pid)):
-            continue
-        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        folder = os.path.join(root, name)
+        if _abandoned(folder):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def _abandoned(folder: str) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(os.path.join(folder, _LOCK), os.O_RDONLY)
+    except FileNotFoundError:
+        try:
+            return time.time() - os.stat(folder).st_mtime > _UNLOCKED_AGE
+        except OSError:
+            return False
+    except OSError:
         return False
-    except OSError:  # another user's process
-        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # held: its writer is alive
+    finally:
+        os.close(fd)
     return True
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[str]:
+    """A scratch folder, locked (``_LOCK``) while the block runs, removed after it."""
+    _sweep_abandoned()
+    with tempfile.TemporaryDirectory(prefix=_WORK_PREFIX, ignore_cleanup_errors=True) as work:
+        fd = os.open(os.path.join(work, _LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield work
+        finally:
+            os.close(fd)
 
 
 def _probe(source: SourceInput, settings: EncodeSettings, name: str) -> SourceProbe:
@@ -150,8 +180,7 @@ def encode_video_ffmpeg(
     settings = settings or EncodeSettings()
     name = name or source_name(source)
     probe = _probe(source, settings, name)
-    _sweep_abandoned()
-    with tempfile.TemporaryDirectory(prefix=f"{_WORK_PREFIX}{os.getpid()}-") as work:
+    with _scratch() as work:
         if isinstance(source, str | os.PathLike):
             path = os.fspath(source)
         else:
