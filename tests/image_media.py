@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import tarfile
 import zipfile
+import zlib
 
 import cv2
 import numpy as np
@@ -83,3 +84,41 @@ def write_zip(path: str, members: dict[str, bytes], deflate: bool = False) -> No
     with zipfile.ZipFile(path, "w", compression=method) as z:
         for name, data in members.items():
             z.writestr(name, data)
+
+
+_ADAM7 = (
+    (0, 0, 8, 8),
+    (4, 0, 8, 8),
+    (0, 4, 4, 8),
+    (2, 0, 4, 4),
+    (0, 2, 2, 4),
+    (1, 0, 2, 2),
+    (0, 1, 1, 2),
+)
+
+
+def raw_png(pixels: np.ndarray, interlaced: bool = False, rows: int | None = None) -> bytes:
+    """An 8-bit gray or RGB PNG of ``pixels`` written here, every row unfiltered: Adam7
+    interlaced (Pillow writes none), or with the image data of only the first ``rows`` rows
+    (checksums right: a well-formed file that ends its image early)."""
+    import struct
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    h, w = pixels.shape[:2]
+    passes = _ADAM7 if interlaced else ((0, 0, 1, 1),)
+    data = b""
+    for x0, y0, dx, dy in passes:
+        sub = pixels[y0::dy, x0::dx][:rows]
+        if sub.shape[0] and sub.shape[1]:
+            data += b"".join(b"\0" + row.tobytes() for row in sub)
+    header = struct.pack(">IIBBBBB", w, h, 8, 2 if pixels.ndim == 3 else 0, 0, 0, int(interlaced))
+    signature = b"\x89PNG\r\n\x1a\n"
+    return (
+        signature
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(data))
+        + chunk(b"IEND", b"")
+    )

@@ -341,13 +341,13 @@ def _png_variants() -> dict[str, bytes]:
     """PNGs of each colour type and depth: the 8-bit ones (interlaced too) are what libavcodec
     decodes to rgb24, gray8, pal8, ya8 and rgba, the compiled path's pixel formats; 16-bit
     and 1-bit ones are not."""
-    from tests.image_media import encode
+    from tests.image_media import encode, raw_png
 
     rgb = Image.fromarray(photo(70, 90, seed=5))
     return {
         "png_rgb": encode(rgb, "PNG"),
         "png_gray": encode(rgb.convert("L"), "PNG"),
-        "png_interlaced": encode(rgb, "PNG", interlace=1),
+        "png_interlaced": raw_png(np.asarray(rgb), interlaced=True),  # Pillow writes none
         "png_palette": encode(rgb.convert("P"), "PNG"),
         "png_alpha": encode(rgb.convert("RGBA"), "PNG"),
         "png_gray_alpha": encode(rgb.convert("LA"), "PNG"),

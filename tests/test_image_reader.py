@@ -720,6 +720,30 @@ def test_pngs_decode_compiled_to_the_pixels_of_the_python_path(tmp_path, contain
         assert psnr(ours.image[k], ref) > 30, list(members)[item]
 
 
+def test_a_png_that_ends_its_image_early_reads_as_pillow_reads_it(tmp_path):
+    """A well-formed PNG whose image data stops after 20 of 64 rows reads as Pillow reads it
+    (the rows never decoded are zero) on the compiled path too, also right after an image of
+    its size and format whose rows the decoder's reused buffer held."""
+    from tests.image_media import raw_png
+
+    folder = tmp_path / "pngs"
+    folder.mkdir()
+    for name, pixels, rows in (
+        ("a_good", photo(64, 64, seed=1), None),
+        ("b_short", photo(64, 64, seed=7), 20),
+        ("c_good_gray", photo(64, 64, seed=2)[..., 0], None),
+        ("d_short_gray", photo(64, 64, seed=8)[..., 0], 20),
+    ):
+        (folder / f"{name}.png").write_bytes(raw_png(np.ascontiguousarray(pixels), rows=rows))
+    batches = {}
+    for compiled in (True, False):
+        with ImageReader(str(folder), size=64, crop="center") as reader:
+            reader._compiled = compiled
+            batches[compiled] = reader.read([0, 1, 1, 2, 3, 3], seed=1).image
+    np.testing.assert_array_equal(batches[True], batches[False])
+    assert not batches[True][1][:, 40:].any()  # black: what was never decoded
+
+
 def test_damaged_pngs_are_named_on_both_paths(tmp_path):
     """A PNG whose image data is damaged (its checksum fails) or cut short raises an
     ``ImageReadError`` naming it, on the compiled path as on the Python one; the images

@@ -568,6 +568,7 @@ class AvcodecDecoder:
         if lib is None:
             raise AvcodecError("libavcodec's direct path is unavailable (see the warning)")
         self.codec, self.lowres = codec, lowres
+        self.still = codec in _STILL_CODECS  # one picture per packet, none a reference
         decoder = lib.avcodec.avcodec_find_decoder_by_name(codec.encode())
         if not decoder:
             raise AvcodecError(f"this libavcodec has no {codec} decoder")

@@ -76,6 +76,7 @@ PICTURE = 20  # the exact decoded size the crop was planned in (width * 65536 + 
 CLIP_FIELDS = 21
 
 GOP_FETCHED = 4  # gops column: start in ``fetched``
+STILL = 3  # after a decoder's handle in ``decode_avcodec``'s table: 1 for still pictures
 
 # per-clip status codes
 OK = 0
@@ -572,6 +573,23 @@ def _plane(picture: np.ndarray, field: int, rows: int) -> np.ndarray:
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
+def _release(handle: np.ndarray, picture: np.ndarray) -> None:
+    """Let the decoder have the frame back; from a still-picture decoder (``handle[STILL]``),
+    a gray or packed picture's plane zeroed first.
+
+    libavcodec's PNG decoder leaves the rows a short IDAT never reaches as its pooled buffer
+    held them (another image's pixels), where Pillow leaves zeros. The pool allocates zeroed
+    buffers; zeroing every one before it goes back keeps them so (cost: a memset of the
+    picture, ~4 % of a PNG's decode). A video decoder's pictures are its references: never."""
+    code = picture[_avcodec.FORMAT]
+    if handle[STILL] and (code == _avcodec.GRAY or code >= _avcodec.RGB):
+        rows, stride = picture[_avcodec.HEIGHT], picture[_avcodec.Y_STRIDE]
+        plane = carray(_voidptr(picture[_avcodec.Y_ADDRESS]), (rows * stride,), np.uint8)
+        plane[:] = 0
+    _avcodec.unref_frame(handle)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
 def _flattened(picture: np.ndarray, plane: np.ndarray, crop: np.ndarray) -> tuple[Any, Any]:
     """The crop window of an RGBA, gray + alpha or palette picture composited onto white, as
     packed RGB of the window's size, and the crop row that places the window at (0, 0)."""
@@ -614,11 +632,11 @@ def _take_frames(
         fmt = picture[_avcodec.FORMAT]
         pw, ph = picture[_avcodec.WIDTH], picture[_avcodec.HEIGHT]
         if fmt < 0 or (fmt == _avcodec.GRAY and (neutral.shape[0] < ph or neutral.shape[1] < pw)):
-            _avcodec.unref_frame(handle)
+            _release(handle, picture)
             return got, UNSUPPORTED_FORMAT, fmt, taps
         exact = share[0][c, PICTURE]
         if pw < width or ph < height or (exact != 0 and pw * 65536 + ph != exact):
-            _avcodec.unref_frame(handle)
+            _release(handle, picture)
             return got, WRONG_SIZE, pw * 65536 + ph, taps
         for m in range(c, c + len(crops)):
             t = _target(share, m, picture[_avcodec.PTS], written)
@@ -642,7 +660,7 @@ def _take_frames(
             rgb = fmt >= _avcodec.RGB
             _place(share, m, t, crop, taps, y, u, v, written, output, rgb)
             counts[1] += _now(clock) - start
-        _avcodec.unref_frame(handle)
+        _release(handle, picture)
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
@@ -654,8 +672,9 @@ def decode_avcodec(
     status: np.ndarray,
     seconds: np.ndarray,
 ) -> None:
-    """Decode every clip of the share with libavcodec. ``decoders``: (handles [D, 3], one
-    decoder per row (clip column ``DECODER``); the picture record; a packet buffer of at least
+    """Decode every clip of the share with libavcodec. ``decoders``: (handles [D, 4], one
+    decoder per row (clip column ``DECODER``): its handle and whether it decodes still
+    pictures (``STILL``); the picture record; a packet buffer of at least
     twice the longest read; a 128-filled plane for gray pictures). Samples with a NAL length
     size become Annex B (the prefix, the parameter sets, in front of each GOP), others are sent
     as they are (JPEG). The rest as ``decode_dav1d``."""
@@ -985,7 +1004,7 @@ class AvcodecClips(_Driver):
         super().__init__()
         self.codecs = codecs
         self._decoders = [_avcodec.AvcodecDecoder(codec, lowres) for codec, lowres in codecs]
-        self._handles = np.stack([d.handle for d in self._decoders])
+        self._handles = np.stack([np.append(d.handle, d.still) for d in self._decoders])
         self._picture = np.zeros(_avcodec.PICTURE_FIELDS, np.int64)
         self._packet = np.zeros(2 << 20, np.uint8)
         self._neutral = np.full((1, 1), 128, np.uint8)
