@@ -481,3 +481,27 @@ def test_the_sweep_leaves_a_held_scratch_folder_and_odd_names(tmp_path, monkeypa
     os.close(fd)
     sweep()
     assert not held.exists() and fresh.exists()
+
+
+def test_a_sweep_while_a_writer_locks_its_scratch_leaves_it(tmp_path, monkeypatch) -> None:
+    """Another process's sweep at the worst moment, between the scratch folder's creation and
+    its lock: the folder stays (its lock file takes its name only once locked)."""
+    import fcntl
+    import tempfile
+
+    from kohakuclip.write import ffmpeg_backend
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    sweep = ffmpeg_backend._sweep_abandoned.__wrapped__
+    real_flock = fcntl.flock
+
+    def sweep_first(fd: int, operation: int) -> None:
+        if operation == fcntl.LOCK_EX:  # the writer's blocking lock: a sweep runs just before
+            sweep()
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(ffmpeg_backend.fcntl, "flock", sweep_first)
+    monkeypatch.setattr(ffmpeg_backend, "_sweep_abandoned", lambda: None)
+    with ffmpeg_backend._scratch() as work:
+        assert Path(work).is_dir()
+        (Path(work) / "out.mp4").write_bytes(b"still here")

@@ -75,7 +75,7 @@ def _sweep_abandoned() -> None:
 
 def _abandoned(folder: str) -> bool:
     try:
-        fd = os.open(os.path.join(folder, _LOCK), os.O_RDONLY)
+        fd = os.open(os.path.join(folder, _LOCK), os.O_RDWR)  # NFS locks want it writable
     except FileNotFoundError:
         try:
             return time.time() - os.stat(folder).st_mtime > _UNLOCKED_AGE
@@ -94,12 +94,15 @@ def _abandoned(folder: str) -> bool:
 
 @contextlib.contextmanager
 def _scratch() -> Iterator[str]:
-    """A scratch folder, locked (``_LOCK``) while the block runs, removed after it."""
+    """A scratch folder, locked (``_LOCK``) while the block runs, removed after it. The lock
+    file is locked before it takes its name: a sweep never sees it unlocked."""
     _sweep_abandoned()
     with tempfile.TemporaryDirectory(prefix=_WORK_PREFIX, ignore_cleanup_errors=True) as work:
-        fd = os.open(os.path.join(work, _LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        fresh = os.path.join(work, _LOCK + ".new")
+        fd = os.open(fresh, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            os.rename(fresh, os.path.join(work, _LOCK))
             yield work
         finally:
             os.close(fd)
