@@ -1,7 +1,8 @@
 """Decode throughput beside a training thread that keeps the GIL busy, ours and KohakuClip 1.0.0.
 
     python benchmarks/busy_trainer.py [--quick]
-        [--only av1,h264_g16,h264_g250,hevc,jpeg,jpeg_tar,jpeg_folder,jpeg_zip,avif,webp,png]
+        [--only av1,h264_g16,h264_g250,hevc,jpeg,jpeg_tar,jpeg_folder,jpeg_zip,avif,webp,png,
+                png_alpha]
         [--threads 1 2] [--reference "$(../shared/tools/reference-kohakuclip.sh)"]
 
 A training loop in the same process as the decode threads runs Python most of the time (an
@@ -26,7 +27,8 @@ index, in a plain (WebDataset-style) tar, as files of a folder, and in a zip mad
 compression (every member deflated, as ``zip`` and ``shutil.make_archive`` make them);
 ``avif`` and ``webp`` hold the same photographs written with ``--codec avif`` (AV1 intra,
 8-bit 4:2:0) and ``--codec webp`` (lossy); ``png`` is the folder of PNG photographs they were
-all written from (at their own size, not capped).
+all written from (at their own size, not capped), ``png_alpha`` the same photographs as RGBA
+PNGs with a left-to-right alpha gradient (composited onto white when read).
 
 Video: 16 clips x 8 frames @ 6 fps per batch, size 256; images: batches of 64, size 256. Each
 reader runs in its own process (the reference under its own Python) with one batch queued
@@ -58,9 +60,9 @@ import _gil_count  # noqa: E402
 MEDIA_VERSION = 1
 CONTENTS = (
     *("av1", "h264_g16", "h264_g250", "hevc"),
-    *("jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip", "avif", "webp", "png"),
+    *("jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip", "avif", "webp", "png", "png_alpha"),
 )
-IMAGES = ("jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip", "avif", "webp", "png")
+IMAGES = ("jpeg", "jpeg_tar", "jpeg_folder", "jpeg_zip", "avif", "webp", "png", "png_alpha")
 MODES = {"idle": 0.0, "100 %": 1.0, "50 %": 0.5}
 
 # (file under /tmp/kc-real, start second): camera pans over photos, animated film, broadcast TV
@@ -388,6 +390,23 @@ def plain_copy(media: str, shards: list[str], kind: str) -> list[str]:
     return [path]
 
 
+def alpha_copy(media: str) -> str:
+    """The photographs as RGBA PNGs, alpha a left-to-right gradient (0 to 255), made once."""
+    from PIL import Image
+
+    path = os.path.join(media, "png_alpha")
+    if not os.path.isdir(path):
+        os.makedirs(path + ".tmp", exist_ok=True)
+        photos = os.path.join(media, "photos")
+        for name in sorted(os.listdir(photos)):
+            with Image.open(os.path.join(photos, name)) as image:
+                rgba = image.convert("RGBA")
+            rgba.putalpha(Image.linear_gradient("L").rotate(90).resize(rgba.size))
+            rgba.save(os.path.join(path + ".tmp", os.path.splitext(name)[0] + ".png"))
+        os.replace(path + ".tmp", path)
+    return path
+
+
 # -- running ----------------------------------------------------------------------------------
 def clean_env() -> dict[str, str]:
     """This environment without PYTHONPATH: the reference must not import our source tree."""
@@ -572,6 +591,8 @@ def main() -> None:
             sources = coded_shards(args.media, sys.executable, content)
         elif content == "png":
             sources = [os.path.join(args.media, "photos")]
+        elif content == "png_alpha":
+            sources = [alpha_copy(args.media)]
         else:
             sources = manifest["sources"][content]
         for threads in args.threads:
