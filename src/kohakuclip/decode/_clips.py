@@ -4,9 +4,10 @@ Python plans each clip (``read.plan``) and flattens the plans into integer table
 (``ShareTables``); one numba call then reads every planned byte range (``pread``; for a clip
 in object storage, descriptor -1, the range comes from ``fetched``: every remote range of the
 share, fetched concurrently in Python before the call, ``ShareTables.fetch``), feeds the
-packets to the decoder (libdav1d for 8-bit 4:2:0 AV1, ``_dav1d``; libavcodec for H.264, HEVC
-and JPEG, ``_avcodec``), writes each wanted picture into its batch slots
-(``_frame.write_frame``) and reports a status per clip. Beside a training thread that keeps
+packets to the decoder (libdav1d for 8-bit 4:2:0 AV1, ``_dav1d``; libavcodec for H.264, HEVC,
+JPEG, WebP and PNG, ``_avcodec``), writes each wanted picture into its batch slots
+(``_frame.write_frame``; ``write_rgb_frame`` for PNG's RGB, its alpha and palettes flattened
+onto white first, ``_alpha``) and reports a status per clip. Beside a training thread that keeps
 the GIL busy, a share costs a few GIL hand-offs instead of several per GOP, packet and frame.
 
 Tables (int64):
