@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 import zipfile
 import zlib
+from collections.abc import Iterable, Mapping
 
 import cv2
 import numpy as np
@@ -71,9 +73,14 @@ def oriented_jpeg(upright: np.ndarray, orientation: int, quality: int = 95) -> b
     return encode(raw, "JPEG", quality=quality, subsampling=0, exif=exif.tobytes())
 
 
-def write_tar(path: str, members: dict[str, bytes]) -> None:
+def write_tar(
+    path: str | os.PathLike[str], members: Mapping[str, bytes] | Iterable[tuple[str, bytes]]
+) -> None:
+    """A plain tar of ``members`` (names to bytes, or (name, bytes) pairs: names may repeat),
+    in order."""
+    pairs = members.items() if isinstance(members, Mapping) else members
     with tarfile.open(path, "w") as tar:
-        for name, data in members.items():
+        for name, data in pairs:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

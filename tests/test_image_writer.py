@@ -620,17 +620,6 @@ def test_an_interrupt_while_a_shard_opens_leaves_no_partial_file(tmp_path, monke
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
-def _tar_of(path: str, members: list[tuple[str, bytes]]) -> None:
-    """A tar of ``members`` in order, repeated names kept (``write_tar`` takes a dict)."""
-    import tarfile
-
-    with tarfile.open(path, "w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-
-
 def test_every_image_of_an_archive_is_stored_repeats_too_and_resumes(tmp_path, monkeypatch):
     """Images sharing a WebDataset key (``frame.0001.jpg`` beside ``frame.0002.jpg``, ``a.jpg``
     beside ``a.png``) and a member name the tar repeats are each stored, with their key's
@@ -649,7 +638,7 @@ def test_every_image_of_an_archive_is_stored_repeats_too_and_resumes(tmp_path, m
         ("dup.jpg", pictures[5]),
     ]
     tar = str(tmp_path / "wds.tar")
-    _tar_of(tar, members)
+    write_tar(tar, members)
     options = dict(per_shard=2, workers=1, min_short=0, progress=False)
     straight = tmp_path / "straight"
     summary = write_images(straight, [tar], **options)
@@ -687,7 +676,7 @@ def test_image_names_that_are_not_utf8_are_stored_escaped_and_resume(tmp_path):
     (folder / raw).write_bytes(encode(Image.fromarray(photo(40, 48, seed=1)), "PNG"))
     (folder / "n\\xff\\xfe.png").write_bytes(encode(Image.fromarray(photo(40, 48, seed=3)), "PNG"))
     tar = str(tmp_path / "images.tar")
-    _tar_of(tar, [(raw, encode(Image.fromarray(photo(40, 48, seed=2)), "PNG"))])
+    write_tar(tar, [(raw, encode(Image.fromarray(photo(40, 48, seed=2)), "PNG"))])
     out = tmp_path / "out"
     summary = write_images(out, [str(folder), tar], min_short=0, progress=False)
     assert (summary.images, summary.skipped) == (3, 0)

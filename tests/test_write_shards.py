@@ -3,7 +3,6 @@ skipped; refusing, resuming and interrupted runs; the command lines."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
@@ -19,6 +18,7 @@ import pytest
 from kohakuclip import Source, WriteError, write_videos
 from kohakuclip import cli as demo_cli
 from kohakuclip.write import cli, shards
+from tests.image_media import write_tar
 from tests.media import VideoSpec, make_video
 from tests.paths import run_locked_out
 from tests.writer_media import read_index
@@ -60,11 +60,7 @@ def make_folder(root: Path, files: dict[str, bytes]) -> Path:
 
 
 def make_tar(path: Path, files: dict[str, bytes]) -> Path:
-    with tarfile.open(path, "w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    write_tar(path, files)
     return path
 
 
@@ -266,12 +262,7 @@ def test_a_name_the_tar_repeats_is_its_own_video_on_resume(tmp_path, monkeypatch
     """Two members named alike are two videos with two sources (the second marked ``#2``): a
     run stopped after the first resumes to the straight run's shards, the second not lost."""
     archive = tmp_path / "dup.tar"
-    with tarfile.open(archive, "w") as tar:
-        for seed in (0, 1):
-            info = tarfile.TarInfo("a.mp4")
-            data = clip(seed, 12)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    write_tar(archive, [("a.mp4", clip(0, 12)), ("a.mp4", clip(1, 12))])
     straight = tmp_path / "straight"
     write_videos(straight, [archive], per_shard=1, workers=1, **FAST)
     rows = manifest(straight)
@@ -410,11 +401,7 @@ def test_names_that_are_not_utf8_are_stored_escaped_and_resume(tmp_path) -> None
     folder = make_folder(tmp_path / "videos", {"good.mp4": clip(0)})
     (folder / raw).write_bytes(clip(1))
     archive = tmp_path / "videos.tar"
-    with tarfile.open(archive, "w") as tar:
-        info = tarfile.TarInfo(raw)
-        data = clip(2)
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
+    write_tar(archive, [(raw, clip(2))])
     out = tmp_path / "out"
     result = write_videos(out, [folder, archive], **FAST)
     assert (result.videos, result.skipped) == (3, 0)
