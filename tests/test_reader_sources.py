@@ -192,6 +192,9 @@ def test_a_folder_of_shards_and_a_single_file_are_sources(tmp_path) -> None:
     with Reader(str(truncated)) as single, pytest.raises(SourceError) as error:
         single.info(0)  # a file's errors name the file itself
     assert str(error.value).startswith(f"{truncated}: ")
+    (tmp_path / "one" / "c.ts").write_bytes(videos[2])  # a container the writer takes, by name
+    with pytest.raises(SourceError, match=r"c\.ts: .*the reader opens \.mp4, \.m4v, \.mov files"):
+        Reader(str(tmp_path / "one" / "c.ts"))
     (out / "stray.mp4").write_bytes(videos[0])  # a folder of shards and a loose video
     with pytest.raises(SourceError, match=r"out: holds both media files \(1, e.g. stray.mp4\)"):
         Reader(str(out))

@@ -193,7 +193,15 @@ class _Lister:
             self.sources.append(VideoSource(os.path.dirname(path) or ".", "folder"))
             self.videos.append(VideoRef(sid, os.path.basename(path)))
             return
-        self._add_archive(path)
+        try:
+            self._add_archive(path)
+        except SourceError as e:
+            if path.lower().endswith((".zip", ".tar")):
+                raise
+            raise SourceError(  # e.g. a .ts or .avi given by name: say what is read instead
+                f"{e}; the reader opens {', '.join(VIDEO_SUFFIXES)} files and zip or tar "
+                "shards (kohakuclip-write turns other videos into shards)"
+            ) from None
 
     def _add_remote(self, url: str) -> None:
         """An object, or every shard and mp4 file under a prefix (a URL ending in ``/``)."""
