@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -259,11 +260,12 @@ from kohakuclip.torch import yuv_to_rgb
 import triton, triton.language as tl
 
 @triton.jit
-def _probe(x):
-    tl.store(x, 1.0)
+def _probe(x, n):
+    for i in range(0, n):  # a loop bound from a scalar argument, as the kernel's taps
+        tl.store(x + i, 1.0)
 
 try:
-    _probe[(1,)](torch.zeros(1))
+    _probe[(1,)](torch.zeros(2, device=sys.argv[1]), 2)
 except Exception as e:
     print(json.dumps({"skip": f"the interpreter cannot run kernels here: {e}"}))
     raise SystemExit
@@ -285,9 +287,11 @@ print(json.dumps({"report": report}))
 """
 
 
-def _kernel_report(device: str, env: dict[str, str]) -> list[dict]:
+def _kernel_report(device: str, env: dict[str, str], tmp_path: Path) -> list[dict]:
+    script = tmp_path / "kernel_check.py"  # not -c: triton.jit reads its kernels' source files
+    script.write_text(_KERNEL_CHECK)
     proc = subprocess.run(
-        [sys.executable, "-c", _KERNEL_CHECK, device],
+        [sys.executable, str(script), device],
         capture_output=True,
         text=True,
         env=child_env({**os.environ, **env}),
@@ -306,16 +310,16 @@ def _assert_kernel_agrees(report: list[dict]) -> None:
         assert row["torch.uint8"] <= 1, row  # a rounding tie may land either side
 
 
-def test_triton_kernel_in_the_interpreter_matches_torch() -> None:
+def test_triton_kernel_in_the_interpreter_matches_torch(tmp_path: Path) -> None:
     pytest.importorskip("triton")
-    _assert_kernel_agrees(_kernel_report("cpu", {"TRITON_INTERPRET": "1"}))
+    _assert_kernel_agrees(_kernel_report("cpu", {"TRITON_INTERPRET": "1"}, tmp_path))
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_triton_kernel_on_cuda_matches_torch() -> None:
+def test_triton_kernel_on_cuda_matches_torch(tmp_path: Path) -> None:
     pytest.importorskip("triton")
-    _assert_kernel_agrees(_kernel_report("cuda", {"TRITON_INTERPRET": "0"}))
+    _assert_kernel_agrees(_kernel_report("cuda", {"TRITON_INTERPRET": "0"}, tmp_path))
 
 
 @pytest.mark.cuda
