@@ -818,7 +818,8 @@ def test_kohakuclip_imports_without_torch() -> None:
         "import kohakuclip, kohakuclip.read.permute\n"
         "try:\n    import kohakuclip.torch\nexcept ImportError:\n    print('no torch layer')\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    src = str(Path(__file__).parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "no torch layer"
@@ -981,6 +982,19 @@ def test_an_abandoned_iteration_leaves_the_decode_threads_idle(videos: Path) -> 
     it.close()  # three batches were still decoding
     stats = reader.stats()
     assert stats["clips"] == 4 * BATCH  # all of them finished before close() returned
+
+
+def test_in_process_loading_keeps_four_batches_decoding_by_default(videos: Path) -> None:
+    """One batch ahead left 15 threads 61 % busy on 16 cores (each waits for the batch's
+    slowest share); four keep them busy. Worker processes keep the DataLoader's two."""
+    loader = ClipLoader(dataset(videos, threads=2))
+    direct = dataset(videos, threads=2)
+    for source, ds in ((loader, loader.dataset), (direct, direct)):
+        it = iter(source)
+        next(it)
+        it.close()
+        assert ds._reader.stats()["clips"] == 4 * BATCH
+    assert ClipLoader(dataset(videos), workers=2).prefetch == 2
 
 
 def test_default_threads_share_the_cpus(videos: Path, monkeypatch: pytest.MonkeyPatch) -> None:
