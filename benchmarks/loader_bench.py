@@ -4,10 +4,14 @@
         [--batches 50] [--batch 16 --frames 8 --fps 6] [--cuda]
 
 A setup ``WxT`` is W DataLoader worker processes (0: decode in the training process) with T decode
-threads each. Each setup runs in a fresh process: a ClipLoader over a ClipDataset, a few warm-up
-batches, then ``--batches`` timed ones, no model. "train ms/batch" is the CPU time the training
-thread spends inside ``next(loader)`` (drawing items, submitting, allocating, receiving from
-workers); with workers and pinned memory the DataLoader's pin-memory thread adds a copy on top.
+threads each; ``WxTpN`` also sets the loader's prefetch to N batches (default ``--prefetch``).
+Each setup runs in a fresh process: a ClipLoader over a ClipDataset, a few warm-up batches, then
+``--batches`` timed ones, no model. "train ms/batch" is the CPU time the training thread spends
+inside ``next(loader)`` (drawing items, submitting, allocating, receiving from workers); with
+workers and pinned memory the DataLoader's pin-memory thread adds a copy on top. In process
+(W = 0) two more columns: "threads busy", the decode threads' CPU seconds per stage
+(``kohakuclip.profile()``) over their wall-clock seconds, and "cores", the process's CPU seconds
+over the wall clock.
 ``--cuda`` also copies each batch to the GPU (non_blocking) and synchronises, as training would.
 Without sources, ``--make N`` writes N sample videos into shards first (see bench.py).
 """
@@ -25,6 +29,7 @@ import time
 WORKER = r"""
 import json, sys, time
 import torch
+import kohakuclip
 from kohakuclip.torch import ClipDataset, ClipLoader
 spec = json.load(sys.stdin)
 dataset = ClipDataset(
@@ -46,11 +51,16 @@ def step():
 
 for _ in range(spec["warmup"]):
     step()
+kohakuclip.profile(reset=True)
+process0 = time.process_time()
 t0 = time.perf_counter()
 cpu = sum(step() for _ in range(spec["batches"]))
 wall = time.perf_counter() - t0
+process = time.process_time() - process0
+stages = kohakuclip.profile()
+decode = sum(stages[k] for k in ("read", "decode", "convert", "resize", "plan"))
 loader.close()
-json.dump({"wall": wall, "train_cpu": cpu}, sys.stdout)
+json.dump({"wall": wall, "train_cpu": cpu, "decode": decode, "process": process}, sys.stdout)
 """
 
 
@@ -64,9 +74,11 @@ def run_setup(spec: dict) -> dict:
     return json.loads(done.stdout)
 
 
-def parse_setup(text: str) -> tuple[int, int]:
-    workers, _, threads = text.partition("x")
-    return int(workers), int(threads)
+def parse_setup(text: str, prefetch: int) -> tuple[int, int, int]:
+    """``WxT`` or ``WxTpN``: workers, threads, prefetch."""
+    workers, _, rest = text.partition("x")
+    threads, _, depth = rest.partition("p")
+    return int(workers), int(threads), int(depth) if depth else prefetch
 
 
 def main() -> None:
@@ -76,7 +88,7 @@ def main() -> None:
         "--setups",
         nargs="+",
         default=["0x8", "0x16", "1x16", "2x8", "4x4"],
-        help="WORKERSxTHREADS, e.g. 0x8 (in process, 8 threads) or 2x4",
+        help="WORKERSxTHREADS[pPREFETCH], e.g. 0x8 (in process, 8 threads), 2x4 or 0x15p6",
     )
     ap.add_argument("--batches", type=int, default=50, help="timed batches per setup")
     ap.add_argument("--warmup", type=int, default=4)
@@ -106,14 +118,16 @@ def main() -> None:
         f"{args.batch} clips of {args.frames} frames at {args.fps} fps, {args.size} px, "
         f"{args.batches} batches; {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}"
     )
-    header = f"{'setup':<28} {'clips/s':>8} {'train ms/batch':>15}"
+    header = (
+        f"{'setup':<38} {'clips/s':>8} {'train ms/batch':>15} {'threads busy':>12} {'cores':>6}"
+    )
     print(header)
     print("-" * len(header))
     for text in args.setups:
-        workers, threads = parse_setup(text)
+        workers, threads, prefetch = parse_setup(text, args.prefetch)
         spec = dict(
             sources=sources, batch=args.batch, frames=args.frames, fps=args.fps, size=args.size,
-            threads=threads, workers=workers, prefetch=args.prefetch, cuda=args.cuda,
+            threads=threads, workers=workers, prefetch=prefetch, cuda=args.cuda,
             warmup=args.warmup, batches=args.batches,
         )  # fmt: skip
         r = run_setup(spec)
@@ -122,8 +136,14 @@ def main() -> None:
             if workers == 0
             else f"{workers} worker{'s' if workers > 1 else ''} x {threads} threads"
         )
+        name += f", prefetch {prefetch}"
         clips = args.batch * args.batches / r["wall"]
-        print(f"{name:<28} {clips:>8.1f} {r['train_cpu'] / args.batches * 1000:>15.3f}")
+        train = r["train_cpu"] / args.batches * 1000
+        busy, cores = "-", "-"
+        if workers == 0:
+            busy = f"{r['decode'] / (r['wall'] * threads):.0%}"
+            cores = f"{r['process'] / r['wall']:.1f}"
+        print(f"{name:<38} {clips:>8.1f} {train:>15.3f} {busy:>12} {cores:>6}", flush=True)
 
 
 if __name__ == "__main__":
