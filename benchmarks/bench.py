@@ -193,6 +193,23 @@ def draw_items(sources: list[str], spec: dict, clips: int, seed: int, distinct_i
     return items
 
 
+def add_sample_options(ap: argparse.ArgumentParser) -> None:
+    """``--make``, ``--codec`` and ``--workdir``: the sample shards written when no sources are
+    given (``sources_or_samples``)."""
+    ap.add_argument("--make", type=int, default=12, help="sample videos to write without sources")
+    ap.add_argument("--codec", default="av1", help="codec of the made shards")
+    ap.add_argument(
+        "--workdir",
+        default=os.path.join(tempfile.gettempdir(), "kc-bench"),
+        help="where made videos and shards are kept (reused across runs)",
+    )
+
+
+def sources_or_samples(args: argparse.Namespace, width: int = 910, height: int = 512) -> list[str]:
+    """``args.sources``, or ``args.make`` sample videos written as shards (``make_sources``)."""
+    return args.sources or make_sources(args.make, args.workdir, args.codec, width, height)
+
+
 def make_sources(n: int, out: str, codec: str, width: int = 910, height: int = 512) -> list[str]:
     """Natural-looking synthetic videos (benchmarks/content.py), written as default shards.
 
@@ -232,18 +249,12 @@ def main() -> None:
     )
     ap.add_argument("--no-naive", action="store_true", help="skip the naive PyAV loop")
     ap.add_argument("--skip-compare", action="store_true", help="also run ours with skip=False")
-    ap.add_argument("--make", type=int, default=12, help="sample videos to write without sources")
-    ap.add_argument("--codec", default="av1", help="codec of the made shards")
+    add_sample_options(ap)
     ap.add_argument("--geometry", default="910x512", help="WxH of the made videos")
-    ap.add_argument(
-        "--workdir",
-        default=os.path.join(tempfile.gettempdir(), "kc-bench"),
-        help="where made videos and shards are kept (reused across runs)",
-    )
     ap.add_argument("--specs", nargs="+", default=list(SPECS), choices=list(SPECS))
     args = ap.parse_args()
     width, height = (int(v) for v in args.geometry.split("x"))
-    sources = args.sources or make_sources(args.make, args.workdir, args.codec, width, height)
+    sources = sources_or_samples(args, width, height)
     print(f"sources: {sources}  size {args.size}  clips {args.clips}  batch {args.batch}")
     print(f"machine: {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
     header = (

@@ -26,8 +26,9 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
+
+from bench import add_sample_options, sources_or_samples
 
 WORKER = r"""
 import json, sys, time
@@ -152,21 +153,10 @@ def main() -> None:
     ap.add_argument("--fps", type=float, default=6.0)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--width", type=int, default=64, help="channels of the first stage")
-    ap.add_argument("--prefetch", type=int, default=2)
-    ap.add_argument("--make", type=int, default=12, help="sample videos to write without sources")
-    ap.add_argument(
-        "--workdir",
-        default=os.path.join(tempfile.gettempdir(), "kc-bench"),
-        help="where made videos and shards are kept (reused across runs)",
-    )
+    ap.add_argument("--prefetch", type=int, help="batches in flight (default: the loader's)")
+    add_sample_options(ap)
     args = ap.parse_args()
-    if args.sources:
-        sources = args.sources
-    else:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from bench import make_sources
-
-        sources = make_sources(args.make, args.workdir, "av1")
+    sources = sources_or_samples(args)
     print(f"sources: {sources}")
     print(
         f"{args.batch} clips of {args.frames} frames at {args.fps} fps, {args.size} px, "

@@ -23,8 +23,9 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
+
+from bench import add_sample_options, sources_or_samples
 
 WORKER = r"""
 import json, sys, time
@@ -74,8 +75,8 @@ def run_setup(spec: dict) -> dict:
     return json.loads(done.stdout)
 
 
-def parse_setup(text: str, prefetch: int) -> tuple[int, int, int]:
-    """``WxT`` or ``WxTpN``: workers, threads, prefetch."""
+def parse_setup(text: str, prefetch: int | None) -> tuple[int, int, int | None]:
+    """``WxT`` or ``WxTpN``: workers, threads, prefetch (None: the loader's default)."""
     workers, _, rest = text.partition("x")
     threads, _, depth = rest.partition("p")
     return int(workers), int(threads), int(depth) if depth else prefetch
@@ -96,23 +97,11 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--fps", type=float, default=6.0)
     ap.add_argument("--size", type=int, default=256)
-    ap.add_argument("--prefetch", type=int, default=2)
+    ap.add_argument("--prefetch", type=int, help="batches in flight (default: the loader's)")
     ap.add_argument("--cuda", action="store_true", help="copy each batch to the GPU")
-    ap.add_argument("--make", type=int, default=12, help="sample videos to write without sources")
-    ap.add_argument("--codec", default="av1", help="codec of the made shards")
-    ap.add_argument(
-        "--workdir",
-        default=os.path.join(tempfile.gettempdir(), "kc-bench"),
-        help="where made videos and shards are kept (reused across runs)",
-    )
+    add_sample_options(ap)
     args = ap.parse_args()
-    if args.sources:
-        sources = args.sources
-    else:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from bench import make_sources
-
-        sources = make_sources(args.make, args.workdir, args.codec)
+    sources = sources_or_samples(args)
     print(f"sources: {sources}")
     print(
         f"{args.batch} clips of {args.frames} frames at {args.fps} fps, {args.size} px, "
@@ -136,7 +125,7 @@ def main() -> None:
             if workers == 0
             else f"{workers} worker{'s' if workers > 1 else ''} x {threads} threads"
         )
-        name += f", prefetch {prefetch}"
+        name += f", prefetch {prefetch or 'default'}"
         clips = args.batch * args.batches / r["wall"]
         train = r["train_cpu"] / args.batches * 1000
         busy, cores = "-", "-"
