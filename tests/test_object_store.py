@@ -293,6 +293,15 @@ def test_s3_prefix_lists_indexless_mp4s(s3, media):
     np.testing.assert_array_equal(pyav, want)
 
 
+def test_s3_prefix_leaves_out_videos_only_the_writer_takes_with_a_warning(s3, media):
+    """As in a local folder: an .mkv under a prefix of mp4 files is named, not read."""
+    obstore.put(s3, "mixed/a.mp4", media.files["h264/b_faststart.mp4"])
+    obstore.put(s3, "mixed/b.mkv", media.files["h264/b_faststart.mp4"])
+    left_out = r"mixed/: 1 video left out \(e\.g\. s3://.*/mixed/b\.mkv\)"
+    with pytest.warns(UserWarning, match=left_out), Reader(f"s3://{BUCKET}/mixed/") as r:
+        assert [r.info(v).member for v in range(len(r))] == ["a.mp4"]
+
+
 @pytest.mark.parametrize("compiled", [True, False])
 def test_s3_gulp_directory_bit_for_bit(s3, media, compiled):
     want, videos = _clips(media.gulp, compiled)

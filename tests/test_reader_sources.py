@@ -200,6 +200,35 @@ def test_a_folder_of_shards_and_a_single_file_are_sources(tmp_path) -> None:
         Reader(str(out))
 
 
+def test_videos_only_the_writer_takes_are_left_out_with_a_warning(tmp_path) -> None:
+    """An .avi, .mkv or .ts beside mp4 files (a folder, a tar without an index) is named in one
+    warning per source instead of vanishing; a folder of nothing else reads no videos."""
+    import tarfile
+
+    video = make_video(VideoSpec(frames=12, seed=1))
+    folder = tmp_path / "raw"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.mp4").write_bytes(video)
+    (folder / "sub" / "b.mkv").write_bytes(video)
+    (folder / "c.avi").write_bytes(video)
+    left_out = r"raw: 2 videos left out \(e\.g\. c\.avi\).*\.mov files"
+    with pytest.warns(UserWarning, match=left_out), Reader(str(folder)) as reader:
+        assert [reader.info(v).member for v in range(len(reader))] == ["a.mp4"]
+    archive = tmp_path / "raw.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(folder / "a.mp4", "a.mp4")
+        tar.add(folder / "c.avi", "clips/c.ts")
+    left_out = r"raw\.tar: 1 video left out \(e\.g\. clips/c\.ts\)"
+    with pytest.warns(UserWarning, match=left_out), Reader(str(archive)) as reader:
+        assert len(reader) == 1
+    (folder / "a.mp4").unlink()
+    with (
+        pytest.warns(UserWarning, match="2 videos left out"),
+        pytest.raises(SourceError, match="no videos found"),
+    ):
+        Reader(str(folder))
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_a_fifo_named_like_a_video_raises_instead_of_waiting(tmp_path) -> None:
     folder = tmp_path / "clips"

@@ -50,10 +50,12 @@ __all__ = [
     "MANIFEST_FILE",
     "MAX_INFLATED_MEMBER",
     "PART_PREFIX",
+    "READ_VIDEO_SUFFIXES",
     "SHARD_SUFFIXES",
     "SKIPPED_FILE",
     "VIDEO_INDEX_MAGIC",
     "VIDEO_MANIFEST_SCHEMA",
+    "VIDEO_SUFFIXES",
     "Colorspace",
     "IndexFormatError",
     "VideoCodec",
@@ -416,6 +418,16 @@ IMAGE_SUFFIXES = (
     ".avif", ".jxl", ".heic", ".heif", ".ppm", ".pgm", ".pnm", ".tga", ".qoi",
 )  # fmt: skip
 """File names (lower case) read as images in folders, plain zips and tars."""
+
+VIDEO_SUFFIXES = (
+    ".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".m2ts", ".mts",
+    ".flv", ".wmv", ".3gp", ".ogv",
+)  # fmt: skip
+"""File names (lower case) taken as videos in folders and tar archives by the writer."""
+
+READ_VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov")
+"""The videos the reader opens as they are (the MP4 family, from its moov): in folders, tars and
+zips without an index, and by name. The other ``VIDEO_SUFFIXES`` are written into shards first."""
 
 SHARD_SUFFIXES = (".zip", ".tar")
 """Archive sources; a folder holding these and no videos (images) is read as its shards."""

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from kohakuclip.check.problems import Problem, capped, without_where
-from kohakuclip.formats import FLAG_KEYFRAME, INDEX_MEMBER, VideoEntry
+from kohakuclip.formats import FLAG_KEYFRAME, INDEX_MEMBER, READ_VIDEO_SUFFIXES, VideoEntry
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.mp4.moov import Mp4Track, parse_mp4
 from kohakuclip.storage.index import IndexFormatError, VideoIndex
@@ -26,7 +26,6 @@ from kohakuclip.storage.zip import ArchiveError, Member, list_zip
 __all__ = ["PER_CHECK", "archive_problems", "member_moov", "source_kind"]
 
 
-VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov")
 PER_CHECK = 10
 """Problems printed per check of one video before the rest are only counted."""
 
@@ -39,7 +38,7 @@ def source_kind(path: str) -> str:
     ``path``."""
     if os.path.isdir(path):
         return "gulp" if is_gulp_directory(path) else "folder"
-    if path.lower().endswith(VIDEO_SUFFIXES):
+    if path.lower().endswith(READ_VIDEO_SUFFIXES):
         return "video"
     return "tar" if path.endswith(".tar") else "zip"
 
@@ -156,7 +155,7 @@ def index_vs_moov(source: str, members: dict[str, Member]) -> ArchiveCheck:
     problems = check.problems
     indexed = {v.member for v in index.videos}
     for name in sorted(members):
-        if name not in indexed and name.lower().endswith(VIDEO_SUFFIXES):
+        if name not in indexed and name.lower().endswith(READ_VIDEO_SUFFIXES):
             problems.append(Problem(source, name, None, "video member missing from the index"))
     for entry in index.videos:
         member = members.get(entry.member)

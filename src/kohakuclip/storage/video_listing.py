@@ -15,9 +15,10 @@ here (``storage.video_resolve`` does that).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,8 +29,10 @@ from kohakuclip.formats import (
     DATASET_FILE,
     FRAME_RECORD,
     INDEX_MEMBER,
+    READ_VIDEO_SUFFIXES,
     SHARD_SUFFIXES,
     VIDEO_INDEX_MAGIC,
+    VIDEO_SUFFIXES,
     IndexFormatError,
     VideoEntry,
     read_index_header,
@@ -56,7 +59,27 @@ __all__ = [
 ]
 
 
-VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov")
+_T = TypeVar("_T")
+
+_READ_WHAT = (
+    f"the reader opens {', '.join(READ_VIDEO_SUFFIXES)} files and zip or tar shards "
+    "(kohakuclip-write turns other videos into shards)"
+)
+
+
+def _readable(where: str, found: Sequence[_T], name: Callable[[_T], str]) -> list[_T]:
+    """The entries of ``found`` (videos of one source) whose ``name`` the reader opens; the
+    others (an .avi, a .ts: videos only the writer takes) are left out with one warning."""
+    kept = [f for f in found if name(f).lower().endswith(READ_VIDEO_SUFFIXES)]
+    if len(kept) < len(found):
+        example = next(n for n in map(name, found) if not n.lower().endswith(READ_VIDEO_SUFFIXES))
+        left = len(found) - len(kept)
+        warnings.warn(
+            f"{where}: {left} video{'s' * (left > 1)} left out (e.g. {example}): {_READ_WHAT}",
+            UserWarning,
+            stacklevel=2,
+        )
+    return kept
 
 
 class SourceError(KohakuClipError, ValueError):
@@ -182,13 +205,14 @@ class _Lister:
                 for name in shards:
                     self.add(os.path.join(path, name))
                 return
+            names = _readable(path, names, str)
             sid = len(self.sources)
             self.sources.append(VideoSource(path, "folder"))
             self.videos.extend(VideoRef(sid, name) for name in names)
             return
         if not os.path.exists(path):
             raise SourceError(f"{path}: no such file or directory")
-        if path.lower().endswith(VIDEO_SUFFIXES):  # one video file: a folder of one
+        if path.lower().endswith(READ_VIDEO_SUFFIXES):  # one video file: a folder of one
             sid = len(self.sources)
             self.sources.append(VideoSource(os.path.dirname(path) or ".", "folder"))
             self.videos.append(VideoRef(sid, os.path.basename(path)))
@@ -199,15 +223,14 @@ class _Lister:
             if path.lower().endswith((".zip", ".tar")):
                 raise
             raise SourceError(  # e.g. a .ts or .avi given by name: say what is read instead
-                f"{e}; the reader opens {', '.join(VIDEO_SUFFIXES)} files and zip or tar "
-                "shards (kohakuclip-write turns other videos into shards)"
+                f"{e}; {_READ_WHAT}"
             ) from None
 
     def _add_remote(self, url: str) -> None:
         """An object, or every shard and mp4 file under a prefix (a URL ending in ``/``)."""
         if not url.endswith("/"):
             self.objects.remote(url)
-            if suffix_of(url) in VIDEO_SUFFIXES:  # one mp4: a folder source of one video
+            if suffix_of(url) in READ_VIDEO_SUFFIXES:  # one mp4: a folder source of one video
                 folder, name = url.rsplit("/", 1)
                 self.sources.append(VideoSource(folder + "/", "folder", remote=True))
                 self.videos.append(VideoRef(len(self.sources) - 1, name))
@@ -232,6 +255,7 @@ class _Lister:
             raise SourceError(
                 mixed_message(url, videos[0][0], len(videos), shards[0][0], len(shards))
             )
+        videos = _readable(url, videos, lambda found: found[0])
         if not videos and not shards:
             raise SourceError(f"{url}: no zip or tar shards or mp4 files under this prefix")
         for found, meta in shards:
@@ -280,11 +304,8 @@ class _Lister:
             self.videos.extend(VideoRef(sid, v.member, v) for v in header)
         else:
             members = archive_members(self.objects, src)
-            self.videos.extend(
-                VideoRef(sid, name)
-                for name in sorted(members)
-                if name.lower().endswith(VIDEO_SUFFIXES)
-            )
+            names = [name for name in sorted(members) if name.lower().endswith(VIDEO_SUFFIXES)]
+            self.videos.extend(VideoRef(sid, name) for name in _readable(path, names, str))
 
     def _add_view(self, root: str, listed: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         """Every shard of a dataset view, each video's entry from the merged manifest: a

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
+from kohakuclip.formats import VIDEO_SUFFIXES
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.storage.folder import list_folder, printable_name, unique_origins
 from kohakuclip.storage.remote import (
@@ -47,25 +48,6 @@ from kohakuclip.write.gulp_videos import GulpVideo, list_gulp_videos
 
 __all__ = ["Source", "expand_sources"]
 
-
-VIDEO_SUFFIXES = (
-    ".mp4",
-    ".m4v",
-    ".mov",
-    ".mkv",
-    ".webm",
-    ".avi",
-    ".mpg",
-    ".mpeg",
-    ".ts",
-    ".m2ts",
-    ".mts",
-    ".flv",
-    ".wmv",
-    ".3gp",
-    ".ogv",
-)
-"""Suffixes that mark video files inside folders and tar archives."""
 
 SIDECAR_SUFFIXES = (".txt", ".json")
 
