@@ -280,9 +280,10 @@ class BatchDataset(IterableDataset):
         return self._sizes
 
     def fingerprint(self) -> dict[str, Any]:
-        """What a saved state must match: the kind and the item count of each source, whether
-        sources are read in epochs, and the mix's weights (a state from another dataset with
-        the same counts is not told apart)."""
+        """What a saved state records of its sources: the kind and the item count of each
+        source and whether they are read in epochs (a resume must match these; a state from
+        another dataset with the same counts is not told apart), and the mix's weights (a
+        resume may change them)."""
         total = float(sum(self.mixture.weights))
         return {
             "kind": self.kind,
@@ -843,8 +844,9 @@ class ClipLoader:
 
     def _check_sources(self, saved: Any) -> None:
         """ValueError unless the state's ``sources`` match this dataset's fingerprint (kind and
-        counts always; epochs and weights where the state records them: states saved before
-        they were recorded load as they did)."""
+        counts always; the epoch mode where the state records it: states saved before it was
+        recorded load as they did). Other mix weights load with a warning: the stream continues
+        each source where it was with the new weights."""
         if not isinstance(saved, Mapping):
             raise ValueError(f"a loader state's sources are a dict, got {saved!r}")
         _require(saved, ("kind", "items"), "a loader state's sources")
@@ -855,9 +857,19 @@ class ClipLoader:
                 f"this loader state belongs to other sources: it was saved for "
                 f"{_describe(saved)}, this dataset reads {_describe(here)}"
             )
-        if differ:
-            settings = ", ".join(f"{k} {saved[k]!r} (here {here[k]!r})" for k in differ)
-            raise ValueError(f"this loader state was saved with other settings: {settings}")
+        if "epochs" in differ:
+            raise ValueError(
+                f"this loader state was saved with other settings: epochs {saved['epochs']!r} "
+                f"(here {here['epochs']!r})"
+            )
+        if "weights" in differ:  # a new mix on resume (a curriculum): the stream allows it
+            warnings.warn(
+                f"resuming with other mix weights: {saved['weights']!r} when saved, "
+                f"{here['weights']!r} now; each source continues where it was (its epoch, in "
+                f"epoch mode) and the new weights pick the sources from here on",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def _legacy_state(self, state: Mapping[str, Any]) -> tuple[int, int, int, list[int]]:
         """(seed, samples, batch, per-source samples) of a state written before version 2."""
