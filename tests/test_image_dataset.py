@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import zipfile
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import torch
 from PIL import Image
 
 from kohakuclip import write_images
+from kohakuclip.formats import INDEX_MEMBER
 from kohakuclip.read.image_reader import ImageReader
 from kohakuclip.torch import ClipLoader, ImageDataset, sample_key, yuv_to_rgb
 from tests.image_media import photo
@@ -89,9 +92,15 @@ def test_mixed_image_shards_and_a_refused_state(shards: list[str]) -> None:
         assert meta["mix"].tolist() == [int(i >= 6) for i in meta["image"].tolist()]
         assert meta["source"] == [shards[k] for k in meta["mix"].tolist()]
     state = ClipLoader(ds).state_dict()
+    members = [
+        [n for n in zipfile.ZipFile(shard).namelist() if n != INDEX_MEMBER] for shard in shards
+    ]
     assert state["sources"] == {
         "kind": "images",
         "items": [6, 4],
+        "names": [
+            hashlib.blake2b("\0".join(m).encode(), digest_size=8).hexdigest() for m in members
+        ],
         "epochs": False,
         "weights": [0.5, 0.5],
     }

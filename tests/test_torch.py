@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -192,6 +193,11 @@ def two_folders(videos: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     return out
 
 
+def names_digest(names: list[str]) -> str:
+    """A state fingerprint's digest of a source holding ``names`` (16 or fewer: each sampled)."""
+    return hashlib.blake2b("\0".join(names).encode(), digest_size=8).hexdigest()
+
+
 def rank_loaders(
     source: Any,
     world: int,
@@ -283,6 +289,7 @@ def test_mixed_sources_record_their_source_and_keep_their_proportions(
     assert state["sources"] == {
         "kind": "videos",
         "items": [2, 3],
+        "names": [names_digest(["v0.mp4", "v1.mp4"]), names_digest(["v2.mp4", "v3.mp4", "v4.mp4"])],
         "epochs": False,
         "weights": [0.75, 0.25],
     }
@@ -317,6 +324,25 @@ def test_a_state_from_other_sources_is_refused(videos: Path, two_folders: dict[s
     ClipLoader(dataset(two_folders, weights=[3, 1])).load_state_dict(
         {**ours, "sources": recorded_before}
     )
+
+
+def test_a_state_of_as_many_other_videos_is_refused_and_a_moved_copy_loads(
+    videos: Path, tmp_path: Path
+) -> None:
+    """The counts match, the names do not: refused. The same files in another folder: loaded."""
+    state = ClipLoader(dataset(videos)).state_dict()
+    renamed, moved = tmp_path / "renamed", tmp_path / "moved"
+    renamed.mkdir()
+    for i in range(len(LENGTHS)):
+        shutil.copy(videos / f"v{i}.mp4", renamed / f"w{i}.mp4")
+    shutil.copytree(videos, moved)
+    with pytest.raises(ValueError, match="reads as many, but other items"):
+        ClipLoader(dataset(renamed)).load_state_dict(state)
+    resumed = ClipLoader(dataset(moved))
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state
+    without = {**state, "sources": {k: v for k, v in state["sources"].items() if k != "names"}}
+    ClipLoader(dataset(renamed)).load_state_dict(without)  # states saved before 2026-12-04
 
 
 def test_a_state_saved_before_the_stream_version_resumes_its_old_epoch_orders(
@@ -425,7 +451,13 @@ def test_resume_continues_with_the_batches_of_a_straight_run(
         "samples": stop * BATCH,
         "source_samples": [stop * BATCH],
         "batch": stop,
-        "sources": {"kind": "videos", "items": [len(LENGTHS)], "epochs": False, "weights": [1.0]},
+        "sources": {
+            "kind": "videos",
+            "items": [len(LENGTHS)],
+            "names": [names_digest([f"v{i}.mp4" for i in range(len(LENGTHS))])],
+            "epochs": False,
+            "weights": [1.0],
+        },
     }
     resumed = ClipLoader(
         dataset(videos, seed=999), workers=workers, timeout=WORKER_TIMEOUT

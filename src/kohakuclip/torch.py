@@ -16,6 +16,7 @@ reader on first use and never touches one it inherited.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import warnings
@@ -116,6 +117,8 @@ OnError = Literal["raise", "replace"]
 REPLACE_ATTEMPTS = 8
 """Replacements ``on_error="replace"`` tries for one sample before it raises the error."""
 _REPLACE_TAG = 0x5245504C  # keys the replacement draws apart from every other draw
+_NAMES_SAMPLED = 16
+"""Items per source whose names go into a loader state's fingerprint (``name_digests``)."""
 _IN_PROCESS_DEPTH = 4
 """Batches decoding at once in the training process by default. With 2 (one batch ahead of the
 consumer's) a thread that finishes its share idles until the batch's slowest share is done and
@@ -234,6 +237,7 @@ class BatchDataset(IterableDataset):
         self._origin: tuple[int, int, tuple[int, ...]] = (0, 0, ())  # samples, batch, per source
         self.stream_version = STREAM_VERSION  # a resumed run keeps the one it started with
         self._sizes: list[int] | None = None  # items per source, once a reader was opened
+        self._names: list[str] | None = None  # per source, a digest of sampled item names
         self._stream_cache: tuple[Any, SampleStream] | None = None
         self._reader: Any = None
         self._reader_pid = -1
@@ -246,6 +250,11 @@ class BatchDataset(IterableDataset):
 
     def _path_counts(self, reader: Any) -> list[int]:
         """Items per path of ``self.mixture.flat``, in order."""
+        raise NotImplementedError
+
+    def _item_name(self, reader: Any, index: int) -> str:
+        """An item's member name (or folder-relative path; gulp: its id): where it is stored
+        does not change it."""
         raise NotImplementedError
 
     def _make_item(self, reader: Any, index: int, rng: np.random.Generator) -> Any:
@@ -279,15 +288,31 @@ class BatchDataset(IterableDataset):
                 self._sizes = [sum(next(counts) for _ in p) for p in self.mixture.paths]
         return self._sizes
 
+    def name_digests(self) -> list[str]:
+        """Per source, a hash of the names of up to 16 of its items at evenly spaced positions:
+        with the counts, it tells another dataset (or another order) of as many items apart,
+        wherever the data is stored (opens this process's reader)."""
+        if self._names is None:
+            reader = self._reader_here()
+            digests, start = [], 0
+            for n in self.source_sizes():
+                picks = sorted({start + k * n // _NAMES_SAMPLED for k in range(_NAMES_SAMPLED)})
+                names = "\0".join(self._item_name(reader, i) for i in picks if i < start + n)
+                data = names.encode("utf-8", "surrogateescape")
+                digests.append(hashlib.blake2b(data, digest_size=8).hexdigest())
+                start += n
+            self._names = digests
+        return self._names
+
     def fingerprint(self) -> dict[str, Any]:
-        """What a saved state records of its sources: the kind and the item count of each
-        source and whether they are read in epochs (a resume must match these; a state from
-        another dataset with the same counts is not told apart), and the mix's weights (a
-        resume may change them)."""
+        """What a saved state records of its sources: the kind, the item count and a digest of
+        sampled item names of each source (``name_digests``), and whether they are read in
+        epochs (a resume must match these), and the mix's weights (a resume may change them)."""
         total = float(sum(self.mixture.weights))
         return {
             "kind": self.kind,
             "items": self.source_sizes(),
+            "names": self.name_digests(),
             "epochs": self.epochs,
             "weights": [float(w) / total for w in self.mixture.weights],
         }
@@ -662,6 +687,9 @@ class ClipDataset(BatchDataset):
         per = np.bincount(catalog.videos.sources(), minlength=len(catalog.sources))
         return [int(n) for n in per]
 
+    def _item_name(self, reader: Any, index: int) -> str:
+        return str(reader._catalog.videos[index].member)
+
     def _length_and_rate(self, reader: Any, vid: int) -> tuple[int, float]:
         """A video's frame count and fps, cached: Reader.info also looks up metadata."""
         if not self._lengths[vid]:
@@ -712,11 +740,11 @@ class ClipLoader:
     each with its own reader. Either way the batches are the same. ``state_dict()`` holds what
     resuming needs: the format version, the seed, the global samples consumed before the next batch
     the consumer needs (the same on every rank), per source how many of them it gave, the index of
-    that batch, and a fingerprint of the sources (kind and item count per source). ``lookahead`` is
-    how many batches the consumer fetches ahead of the one it trains on (1 for Lightning), so those
-    count as not yet seen. A new iteration starts at that batch, so an interrupted epoch and a
-    resumed run continue identically; ``load_state_dict`` continues the same global stream on any
-    world size and per-rank batch (rank 0's state serves every rank).
+    that batch, and a fingerprint of the sources (kind, item count and sampled names per source).
+    ``lookahead`` is how many batches the consumer fetches ahead of the one it trains on (1 for
+    Lightning), so those count as not yet seen. A new iteration starts at that batch, so an
+    interrupted epoch and a resumed run continue identically; ``load_state_dict`` continues the same
+    global stream on any world size and per-rank batch (rank 0's state serves every rank).
 
     The stream is endless unless ``batches`` is given: then batches ``[k N, (k + 1) N)`` form
     epoch ``k``, an iteration ends at the next epoch boundary and ``len()`` is N (Lightning's
@@ -844,9 +872,9 @@ class ClipLoader:
 
     def _check_sources(self, saved: Any) -> None:
         """ValueError unless the state's ``sources`` match this dataset's fingerprint (kind and
-        counts always; the epoch mode where the state records it: states saved before it was
-        recorded load as they did). Other mix weights load with a warning: the stream continues
-        each source where it was with the new weights."""
+        counts always; names and the epoch mode where the state records them: states saved before
+        they were recorded load as they did). Other mix weights load with a warning: the stream
+        continues each source where it was with the new weights."""
         if not isinstance(saved, Mapping):
             raise ValueError(f"a loader state's sources are a dict, got {saved!r}")
         _require(saved, ("kind", "items"), "a loader state's sources")
@@ -856,6 +884,12 @@ class ClipLoader:
             raise ValueError(
                 f"this loader state belongs to other sources: it was saved for "
                 f"{_describe(saved)}, this dataset reads {_describe(here)}"
+            )
+        if "names" in differ:
+            raise ValueError(
+                f"this loader state belongs to other sources: it was saved for "
+                f"{_describe(saved)} and this dataset reads as many, but other items (or in "
+                f"another order)"
             )
         if "epochs" in differ:
             raise ValueError(
@@ -971,6 +1005,9 @@ class ImageDataset(BatchDataset):
 
     def _path_counts(self, reader: Any) -> list[int]:
         return [int(src.count) for src in reader._catalog.sources]  # one per path, in order
+
+    def _item_name(self, reader: Any, index: int) -> str:
+        return str(reader._catalog.member(index))
 
     def _make_item(self, reader: Any, index: int, rng: np.random.Generator) -> Any:
         return index
