@@ -27,7 +27,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kohakuclip import ClipError, ImageReader, ImageReadError, Reader, WriteError, pack
+from kohakuclip import (
+    ClipError,
+    ImageReader,
+    ImageReadError,
+    Reader,
+    SourceWarning,
+    WriteError,
+    pack,
+)
 from kohakuclip.mp4.faststart import faststart
 from kohakuclip.storage.image_listing import ImageSourceError
 from kohakuclip.storage.remote import request_counts
@@ -298,8 +306,14 @@ def test_s3_prefix_leaves_out_videos_only_the_writer_takes_with_a_warning(s3, me
     obstore.put(s3, "mixed/a.mp4", media.files["h264/b_faststart.mp4"])
     obstore.put(s3, "mixed/b.mkv", media.files["h264/b_faststart.mp4"])
     left_out = r"mixed/: 1 video left out \(e\.g\. s3://.*/mixed/b\.mkv\)"
-    with pytest.warns(UserWarning, match=left_out), Reader(f"s3://{BUCKET}/mixed/") as r:
+    with pytest.warns(SourceWarning, match=left_out), Reader(f"s3://{BUCKET}/mixed/") as r:
         assert [r.info(v).member for v in range(len(r))] == ["a.mp4"]
+    obstore.put(s3, "packed/shard_00000.zip", media.files["shards/av1.zip"])
+    obstore.put(s3, "packed/source.mkv", media.files["h264/b_faststart.mp4"])
+    with pytest.warns(SourceWarning, match="packed/: 1 video"), Reader(f"s3://{BUCKET}/packed/"):
+        pass  # the shards are read
+    with pytest.raises(SourceError, match=r"b\.mkv: not a video the reader opens as it is"):
+        Reader(f"s3://{BUCKET}/mixed/b.mkv")
 
 
 @pytest.mark.parametrize("compiled", [True, False])

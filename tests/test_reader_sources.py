@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import warnings
 from contextlib import nullcontext
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from kohakuclip import ClipError, Reader, SourceError, write_videos
+from kohakuclip import ClipError, Reader, SourceError, SourceWarning, write_videos
 from kohakuclip.gulp import GulpDirectory
 from kohakuclip.gulp.chunk import ChunkBuilder
 from tests.media import VideoSpec, broken_gulp_copy, frame_rgb, make_video, psnr
@@ -212,21 +214,33 @@ def test_videos_only_the_writer_takes_are_left_out_with_a_warning(tmp_path) -> N
     (folder / "sub" / "b.mkv").write_bytes(video)
     (folder / "c.avi").write_bytes(video)
     left_out = r"raw: 2 videos left out \(e\.g\. c\.avi\).*\.mov files"
-    with pytest.warns(UserWarning, match=left_out), Reader(str(folder)) as reader:
+    with pytest.warns(SourceWarning, match=left_out), Reader(str(folder)) as reader:
         assert [reader.info(v).member for v in range(len(reader))] == ["a.mp4"]
+    with warnings.catch_warnings():  # named once per source and process
+        warnings.simplefilter("error")
+        Reader(str(folder)).close()
     archive = tmp_path / "raw.tar"
     with tarfile.open(archive, "w") as tar:
         tar.add(folder / "a.mp4", "a.mp4")
         tar.add(folder / "c.avi", "clips/c.ts")
     left_out = r"raw\.tar: 1 video left out \(e\.g\. clips/c\.ts\)"
-    with pytest.warns(UserWarning, match=left_out), Reader(str(archive)) as reader:
+    with pytest.warns(SourceWarning, match=left_out), Reader(str(archive)) as reader:
         assert len(reader) == 1
+    shards = tmp_path / "shards"  # a writer's output with its source beside it
+    shards.mkdir()
+    with tarfile.open(shards / "shard_00000.tar", "w") as tar:
+        tar.add(folder / "a.mp4", "a.mp4")
+    (shards / "source.avi").write_bytes(video)
+    with pytest.warns(SourceWarning, match="shards: 1 video left out"), Reader(str(shards)) as r:
+        assert len(r) == 1
     (folder / "a.mp4").unlink()
+    only_others = tmp_path / "only"
+    shutil.copytree(folder, only_others)
     with (
-        pytest.warns(UserWarning, match="2 videos left out"),
+        pytest.warns(SourceWarning, match="2 videos left out"),
         pytest.raises(SourceError, match="no videos found"),
     ):
-        Reader(str(folder))
+        Reader(str(only_others))
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")

@@ -19,7 +19,7 @@ from kohakuclip.decode._avcodec import AvcodecError
 from kohakuclip.decode._dav1d import Dav1dError
 from kohakuclip.decode.image import ImageDecodeError
 from kohakuclip.decode.video import ClipDecodeError
-from kohakuclip.errors import KohakuClipError
+from kohakuclip.errors import KohakuClipError, SourceWarning
 from kohakuclip.formats import IndexFormatError
 from kohakuclip.gulp.frames import GulpError, RecordError
 from kohakuclip.mp4.boxes import Mp4Error
@@ -95,6 +95,7 @@ __all__ = [
     "SampleStream",
     "Source",
     "SourceError",
+    "SourceWarning",
     "UnsupportedVideo",
     "VerifyReport",
     "VideoInfo",

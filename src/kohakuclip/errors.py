@@ -7,11 +7,16 @@ Each concrete error also derives from the builtin it always was (``ValueError`` 
 
 from __future__ import annotations
 
-__all__ = ["KohakuClipError", "os_error_text"]
+__all__ = ["KohakuClipError", "SourceWarning", "os_error_text"]
 
 
 class KohakuClipError(Exception):
     """Base class of the package's errors."""
+
+
+class SourceWarning(UserWarning):
+    """A source holds files the reader leaves out (e.g. videos only the writer takes): the
+    category to filter, e.g. ``warnings.simplefilter("ignore", kohakuclip.SourceWarning)``."""
 
 
 def os_error_text(error: OSError, where: str | None = None) -> str:

@@ -423,7 +423,8 @@ VIDEO_SUFFIXES = (
     ".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".m2ts", ".mts",
     ".flv", ".wmv", ".3gp", ".ogv",
 )  # fmt: skip
-"""File names (lower case) taken as videos in folders and tar archives by the writer."""
+"""File names (lower case) of videos: the writer takes them all from folders and tar archives;
+the reader opens ``READ_VIDEO_SUFFIXES`` and names the others it finds in a source."""
 
 READ_VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov")
 """The videos the reader opens as they are (the MP4 family, from its moov): in folders, tars and

@@ -71,10 +71,14 @@ def list_folder(
 
 
 def media_or_shards(
-    path: str, media_suffixes: Iterable[str], shard_suffixes: Iterable[str]
+    path: str,
+    media_suffixes: Iterable[str],
+    shard_suffixes: Iterable[str],
+    keep: Callable[[list[str]], list[str]] | None = None,
 ) -> tuple[list[str], list[str]]:
     """(media files, shards) below the folder ``path`` (``list_folder``'s paths, one walk), one
-    of them empty: a folder of videos or images, or of shards (a writer's output).
+    of them empty: a folder of videos or images, or of shards (a writer's output). ``keep``
+    picks the media files that count (the others are left out before the check below).
 
     Raises:
         ValueError: the folder holds both, naming an example of each (a folder of videos next
@@ -85,6 +89,8 @@ def media_or_shards(
     found = list_folder(path, media + shards)
     files = [name for name in found if name.lower().endswith(media)]
     packed = [name for name in found if not name.lower().endswith(media)]
+    if keep is not None:
+        files = keep(files)
     if files and packed:
         raise ValueError(mixed_message(path, files[0], len(files), packed[0], len(packed)))
     return files, packed

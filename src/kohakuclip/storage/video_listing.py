@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kohakuclip.errors import KohakuClipError, os_error_text
+from kohakuclip.errors import KohakuClipError, SourceWarning, os_error_text
 from kohakuclip.formats import (
     AV1_DEPS_KEY,
     DATASET_FILE,
@@ -40,7 +40,7 @@ from kohakuclip.formats import (
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.storage.files import FileCache
-from kohakuclip.storage.folder import media_or_shards, mixed_message
+from kohakuclip.storage.folder import media_or_shards, mixed_message, printable_name
 from kohakuclip.storage.index import video_entries
 from kohakuclip.storage.prefix import list_prefix, open_listed_gulp
 from kohakuclip.storage.ranged import Objects
@@ -67,16 +67,24 @@ _READ_WHAT = (
 )
 
 
+_warned: set[str] = set()
+"""Sources whose left-out videos this process has named (forked DataLoader workers inherit it,
+so the warning is not repeated per worker and epoch)."""
+
+
 def _readable(where: str, found: Sequence[_T], name: Callable[[_T], str]) -> list[_T]:
     """The entries of ``found`` (videos of one source) whose ``name`` the reader opens; the
-    others (an .avi, a .ts: videos only the writer takes) are left out with one warning."""
+    others (an .avi, a .ts: videos only the writer takes) are left out with a ``SourceWarning``,
+    once per source and process."""
     kept = [f for f in found if name(f).lower().endswith(READ_VIDEO_SUFFIXES)]
-    if len(kept) < len(found):
+    if len(kept) < len(found) and where not in _warned:
+        _warned.add(where)
         example = next(n for n in map(name, found) if not n.lower().endswith(READ_VIDEO_SUFFIXES))
         left = len(found) - len(kept)
         warnings.warn(
-            f"{where}: {left} video{'s' * (left > 1)} left out (e.g. {example}): {_READ_WHAT}",
-            UserWarning,
+            f"{printable_name(where)}: {left} video{'s' * (left > 1)} left out (e.g. "
+            f"{printable_name(example)}): {_READ_WHAT}",
+            SourceWarning,
             stacklevel=2,
         )
     return kept
@@ -198,14 +206,18 @@ class _Lister:
             return
         if os.path.isdir(path):
             try:
-                names, shards = media_or_shards(path, VIDEO_SUFFIXES, SHARD_SUFFIXES)
+                names, shards = media_or_shards(
+                    path,
+                    VIDEO_SUFFIXES,
+                    SHARD_SUFFIXES,
+                    keep=lambda found: _readable(path, found, str),
+                )
             except ValueError as e:
                 raise SourceError(str(e)) from None
             if shards:  # a folder of shards, e.g. kohakuclip-write's output
                 for name in shards:
                     self.add(os.path.join(path, name))
                 return
-            names = _readable(path, names, str)
             sid = len(self.sources)
             self.sources.append(VideoSource(path, "folder"))
             self.videos.extend(VideoRef(sid, name) for name in names)
@@ -234,6 +246,8 @@ class _Lister:
                 folder, name = url.rsplit("/", 1)
                 self.sources.append(VideoSource(folder + "/", "folder", remote=True))
                 self.videos.append(VideoRef(len(self.sources) - 1, name))
+            elif suffix_of(url) in VIDEO_SUFFIXES:
+                raise SourceError(f"{url}: not a video the reader opens as it is: {_READ_WHAT}")
             else:
                 self._add_archive(url, remote=True)
             return
@@ -251,11 +265,11 @@ class _Lister:
                 f"{gulp_files[0]}: only zip and tar shards, mp4 files and gulp directories (a "
                 "prefix holding data_<i>.gulp and meta_<i>.gmeta) are read from URLs"
             )
+        videos = _readable(url, videos, lambda found: found[0])
         if videos and shards:
             raise SourceError(
                 mixed_message(url, videos[0][0], len(videos), shards[0][0], len(shards))
             )
-        videos = _readable(url, videos, lambda found: found[0])
         if not videos and not shards:
             raise SourceError(f"{url}: no zip or tar shards or mp4 files under this prefix")
         for found, meta in shards:
