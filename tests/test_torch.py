@@ -1031,6 +1031,19 @@ def test_in_process_loading_keeps_four_batches_decoding_by_default(videos: Path)
     assert ClipLoader(dataset(videos), workers=2).prefetch == 2
 
 
+def test_nothing_is_decoded_past_an_epochs_end(videos: Path) -> None:
+    """With ``batches=N`` the loader stops at the epoch's end, so it decodes no batch after it
+    (4 are in flight by default); the next epoch goes on where this one stopped."""
+    loader = ClipLoader(dataset(videos, threads=2), batches=2)
+    first = list(loader)
+    assert len(first) == 2
+    assert loader.dataset._reader.stats()["clips"] == 2 * BATCH
+    straight = take(ClipLoader(dataset(videos, threads=2)), 4)
+    assert_same_batches(first + list(loader), straight)
+    workers = ClipLoader(dataset(videos), workers=2, batches=3, timeout=WORKER_TIMEOUT)
+    assert_same_batches(list(workers) + list(workers), take(ClipLoader(dataset(videos)), 6))
+
+
 def test_default_threads_share_the_cpus(videos: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cpus = len(os.sched_getaffinity(0))
     ds = dataset(videos, threads=None)

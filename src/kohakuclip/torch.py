@@ -234,6 +234,7 @@ class BatchDataset(IterableDataset):
         self.reader_options = reader_options
         self._ranks = None if rank is None or world_size is None else (rank, world_size)
         self._start: int | None = None  # where ClipLoader's workers start (None: the resume point)
+        self._stop: int | None = None  # the epoch end ClipLoader's workers stop before (None: none)
         self._origin: tuple[int, int, tuple[int, ...]] = (0, 0, ())  # samples, batch, per source
         self.stream_version = STREAM_VERSION  # a resumed run keeps the one it started with
         self._sizes: list[int] | None = None  # items per source, once a reader was opened
@@ -562,22 +563,27 @@ class BatchDataset(IterableDataset):
         start = self._origin[1] if self._start is None else self._start
         if info is None:
             return self._stream(start, 1, _IN_PROCESS_DEPTH, pin=torch.cuda.is_available())
-        return self._stream(start + info.id, info.num_workers, 2, pin=False)
+        return self._stream(start + info.id, info.num_workers, 2, pin=False, stop=self._stop)
 
-    def _stream(self, start: int, step: int, depth: int, pin: bool) -> Generator[Any, None, None]:
-        """Batches ``start, start + step, ...`` with ``depth`` of them decoding at any time."""
+    def _stream(
+        self, start: int, step: int, depth: int, pin: bool, stop: int | None = None
+    ) -> Generator[Any, None, None]:
+        """Batches ``start, start + step, ...`` (before ``stop``, when given) with ``depth`` of
+        them decoding at any time."""
         reader = self._reader_here()
         shape = self._batch_shape(reader)
         pending: deque[tuple[int, list[Draw], list[Any], list[int], torch.Tensor, Any]] = deque()
         batch = start
         try:
             while True:
-                while len(pending) < depth:
+                while len(pending) < depth and (stop is None or batch < stop):
                     draws, items, attempts = self._items(reader, batch)
                     out = torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
                     job = reader.submit(items, out.numpy(), item_keys=self._keys(draws))
                     pending.append((batch, draws, items, attempts, out, job))
                     batch += step
+                if not pending:
+                    return
                 index, draws, items, attempts, out, job = pending.popleft()
                 try:
                     parts = [job.result()]
@@ -943,8 +949,10 @@ class ClipLoader:
     def _batches(self, start: int) -> Iterator[Any]:
         dataset = self.dataset
         dataset._pin_ranks()
+        # nothing is decoded past the epoch's end: the iteration stops there
+        stop = None if self.batches is None else (start // self.batches + 1) * self.batches
         if self.workers == 0:
-            return dataset._stream(start, 1, self.prefetch, pin=self.pin_memory)
+            return dataset._stream(start, 1, self.prefetch, pin=self.pin_memory, stop=stop)
         loader = DataLoader(
             dataset,
             batch_size=None,
@@ -955,11 +963,11 @@ class ClipLoader:
             multiprocessing_context=self.multiprocessing_context or _context_for(dataset),
             generator=torch.Generator(),  # keeps the global torch RNG untouched
         )
-        dataset._start = start  # the workers take their copies as the iterator starts them
+        dataset._start, dataset._stop = start, stop  # the workers copy them as they start
         try:
             return iter(loader)
-        finally:
-            dataset._start = None  # iterating the dataset itself starts at its resume point
+        finally:  # iterating the dataset itself: from its resume point on, endless
+            dataset._start = dataset._stop = None
 
     def _run(self, start: int) -> Generator[Any, None, None]:
         batches = self._batches(start)
