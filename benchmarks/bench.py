@@ -210,6 +210,13 @@ def sources_or_samples(args: argparse.Namespace, width: int = 910, height: int =
     return args.sources or make_sources(args.make, args.workdir, args.codec, width, height)
 
 
+def parse_setup(text: str, prefetch: int | None) -> tuple[int, int, int | None]:
+    """``WxT`` or ``WxTpN``: workers, threads, prefetch (None: the loader's default)."""
+    workers, _, rest = text.partition("x")
+    threads, _, depth = rest.partition("p")
+    return int(workers), int(threads), int(depth) if depth else prefetch
+
+
 def make_sources(n: int, out: str, codec: str, width: int = 910, height: int = 512) -> list[str]:
     """Natural-looking synthetic videos (benchmarks/content.py), written as default shards.
 

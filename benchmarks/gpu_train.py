@@ -5,14 +5,16 @@
 
 Each (mode, setup) runs in a fresh process. A setup ``WxT`` is W DataLoader worker processes (0:
 decode in the training process, beside the eager training loop and its GIL) with T decode threads
-each. The model is a ResNet-18-shaped 2D network (``--width`` channels in its first stage) over
-every frame, bf16 autocast, channels-last, SGD; yuv modes convert on the device with
-``yuv_to_rgb``. Three timings per process, all over ``--steps`` steps:
+each; ``WxTpN`` also sets the loader's prefetch to N batches. The model is a ResNet-18-shaped 2D
+network (``--width`` channels in its first stage) over every frame, bf16 autocast, channels-last,
+SGD; yuv modes convert on the device with ``yuv_to_rgb``. Three timings per process, all over
+``--steps`` steps:
 
 - resident: the training step on one batch kept in pinned host memory (copy, convert, forward,
   backward, step): what the GPU needs per batch when it never waits for data;
 - fed: the same steps, each on the loader's next batch;
-- loader only: ``next(loader)`` alone, no GPU work: what the loader can give.
+- loader only: ``next(loader)`` alone, no GPU work, after the batches decoded during the fed
+  phase are taken: what the loader can give.
 
 "GPU waits" is ``1 - resident / fed``. Without CUDA it runs the same on the CPU (slowly: use a
 small ``--width`` and ``--size`` to try it). Without sources, ``--make N`` writes N sample videos
@@ -28,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from bench import add_sample_options, sources_or_samples
+from bench import add_sample_options, parse_setup, sources_or_samples
 
 WORKER = r"""
 import json, sys, time
@@ -121,6 +123,8 @@ for _ in range(n):
     step(batch)
 sync()
 fed_s = time.perf_counter() - t0
+for _ in range(loader.prefetch):  # those decoded while the GPU worked: not the loader's pace
+    next(batches)
 t0 = time.perf_counter()
 for _ in range(n):
     next(batches)
@@ -144,7 +148,9 @@ def run_setup(spec: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("sources", nargs="*")
-    ap.add_argument("--setups", nargs="+", default=["0x8", "0x14", "2x7"], help="WORKERSxTHREADS")
+    ap.add_argument(
+        "--setups", nargs="+", default=["0x8", "0x14", "2x7"], help="WORKERSxTHREADS[pPREFETCH]"
+    )
     ap.add_argument("--modes", nargs="+", default=["rgb", "yuv_resized"])
     ap.add_argument("--steps", type=int, default=30, help="timed steps per phase")
     ap.add_argument("--warmup", type=int, default=4)
@@ -171,11 +177,11 @@ def main() -> None:
     print("-" * len(header))
     for mode in args.modes:
         for text in args.setups:
-            workers, _, threads = text.partition("x")
+            workers, threads, prefetch = parse_setup(text, args.prefetch)
             spec = dict(
                 sources=sources, batch=args.batch, frames=args.frames, fps=args.fps,
-                size=args.size, threads=int(threads), workers=int(workers), mode=mode,
-                prefetch=args.prefetch, warmup=args.warmup, steps=args.steps, width=args.width,
+                size=args.size, threads=threads, workers=workers, mode=mode,
+                prefetch=prefetch, warmup=args.warmup, steps=args.steps, width=args.width,
             )  # fmt: skip
             r = run_setup(spec)
             per = 1000 / args.steps

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from bench import add_sample_options, sources_or_samples
+from bench import add_sample_options, parse_setup, sources_or_samples
 
 WORKER = r"""
 import json, sys, time
@@ -73,13 +73,6 @@ def run_setup(spec: dict) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"setup {spec['workers']}x{spec['threads']} failed:\n{done.stderr}")
     return json.loads(done.stdout)
-
-
-def parse_setup(text: str, prefetch: int | None) -> tuple[int, int, int | None]:
-    """``WxT`` or ``WxTpN``: workers, threads, prefetch (None: the loader's default)."""
-    workers, _, rest = text.partition("x")
-    threads, _, depth = rest.partition("p")
-    return int(workers), int(threads), int(depth) if depth else prefetch
 
 
 def main() -> None:
