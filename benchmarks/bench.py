@@ -205,6 +205,18 @@ def add_sample_options(ap: argparse.ArgumentParser) -> None:
     )
 
 
+def add_loader_options(ap: argparse.ArgumentParser, size: int) -> None:
+    """What a loader setup reads: ``--warmup`` batches, then clips of ``--batch``, ``--frames``
+    at ``--fps``, ``--size`` px, ``--prefetch`` batches in flight; and ``add_sample_options``."""
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--frames", type=int, default=8)
+    ap.add_argument("--fps", type=float, default=6.0)
+    ap.add_argument("--size", type=int, default=size)
+    ap.add_argument("--prefetch", type=int, help="batches in flight (default: the loader's)")
+    add_sample_options(ap)
+
+
 def sources_or_samples(args: argparse.Namespace, width: int = 910, height: int = 512) -> list[str]:
     """``args.sources``, or ``args.make`` sample videos written as shards (``make_sources``)."""
     return args.sources or make_sources(args.make, args.workdir, args.codec, width, height)

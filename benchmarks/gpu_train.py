@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from bench import add_sample_options, parse_setup, sources_or_samples
+from bench import add_loader_options, parse_setup, sources_or_samples
 
 WORKER = r"""
 import json, sys, time
@@ -153,14 +153,8 @@ def main() -> None:
     )
     ap.add_argument("--modes", nargs="+", default=["rgb", "yuv_resized"])
     ap.add_argument("--steps", type=int, default=30, help="timed steps per phase")
-    ap.add_argument("--warmup", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--frames", type=int, default=8)
-    ap.add_argument("--fps", type=float, default=6.0)
-    ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--width", type=int, default=64, help="channels of the first stage")
-    ap.add_argument("--prefetch", type=int, help="batches in flight (default: the loader's)")
-    add_sample_options(ap)
+    add_loader_options(ap, size=224)
     args = ap.parse_args()
     sources = sources_or_samples(args)
     print(f"sources: {sources}")

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from bench import add_sample_options, parse_setup, sources_or_samples
+from bench import add_loader_options, parse_setup, sources_or_samples
 
 WORKER = r"""
 import json, sys, time
@@ -85,14 +85,8 @@ def main() -> None:
         help="WORKERSxTHREADS[pPREFETCH], e.g. 0x8 (in process, 8 threads), 2x4 or 0x15p6",
     )
     ap.add_argument("--batches", type=int, default=50, help="timed batches per setup")
-    ap.add_argument("--warmup", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--frames", type=int, default=8)
-    ap.add_argument("--fps", type=float, default=6.0)
-    ap.add_argument("--size", type=int, default=256)
-    ap.add_argument("--prefetch", type=int, help="batches in flight (default: the loader's)")
     ap.add_argument("--cuda", action="store_true", help="copy each batch to the GPU")
-    add_sample_options(ap)
+    add_loader_options(ap, size=256)
     args = ap.parse_args()
     sources = sources_or_samples(args)
     print(f"sources: {sources}")
