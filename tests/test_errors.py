@@ -1,6 +1,6 @@
 """Every error the package raises on purpose derives from ``kohakuclip.KohakuClipError`` (and
-from the builtin it always was), is importable from ``kohakuclip``, and no two error classes
-share a name."""
+from the builtin it always was), is importable from ``kohakuclip`` (its warning categories too),
+and no two error classes share a name."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import kohakuclip
 from kohakuclip import ClipError, KohakuClipError, Reader
 
 
-def _error_classes() -> list[type]:
+def _error_classes(base: type[BaseException] = Exception) -> list[type]:
+    """The package's public exception classes (``Warning``: its warning categories, which
+    are not errors)."""
     found = []
     for info in pkgutil.walk_packages(kohakuclip.__path__, "kohakuclip."):
         if info.name.endswith(("torch", "gpu", "_yuv_torch")) or ".write.ray" in info.name:
@@ -22,7 +24,8 @@ def _error_classes() -> list[type]:
         for value in vars(module).values():
             if (
                 isinstance(value, type)
-                and issubclass(value, BaseException)
+                and issubclass(value, base)
+                and issubclass(value, Warning) == (base is Warning)
                 and value.__module__ == info.name
                 and not value.__name__.startswith("_")
             ):
@@ -39,10 +42,11 @@ def test_every_error_class_derives_from_the_base() -> None:
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
 
 
-def test_every_error_class_is_exported_from_the_root() -> None:
+@pytest.mark.parametrize("base", [Exception, Warning])
+def test_every_error_and_warning_class_is_exported_from_the_root(base: type) -> None:
     not_exported = [
         c.__qualname__
-        for c in _error_classes()
+        for c in _error_classes(base)
         if getattr(kohakuclip, c.__name__, None) is not c or c.__name__ not in kohakuclip.__all__
     ]
     assert not_exported == [], not_exported
