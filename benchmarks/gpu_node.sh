@@ -25,4 +25,4 @@ timeout 90 python3 "$here/gpu_check.py" "$@" --json "$out/gpu_check.json" 2>&1 |
 echo "== loader alone"
 timeout 150 python3 "$here/loader_bench.py" "$@" --cuda --batches 25 --warmup 3 --setups 0x15 0x15p2 0x7 3x5 15x1 2>&1 | tee "$out/loader.txt"
 echo "== training fed by the loader"
-timeout 150 python3 "$here/gpu_train.py" "$@" --setups 0x7 0x15 3x5 --modes yuv_resized 2>&1 | tee "$out/train.txt"
+timeout 150 python3 "$here/gpu_train.py" "$@" --setups 0x7 0x15 3x5 --modes yuv_resized --gil 2>&1 | tee "$out/train.txt"

@@ -16,9 +16,11 @@ SGD; yuv modes convert on the device with ``yuv_to_rgb``. Three timings per proc
 - loader only: ``next(loader)`` alone, no GPU work, after the batches decoded during the fed
   phase are taken: what the loader can give.
 
-"GPU waits" is ``1 - resident / fed``. Without CUDA it runs the same on the CPU (slowly: use a
-small ``--width`` and ``--size`` to try it). Without sources, ``--make N`` writes N sample videos
-into shards first (see bench.py).
+"GPU waits" is ``1 - resident / fed``. ``--gil`` also counts, over the fed phase, the GIL takes per
+clip of the decode threads and per step of the training thread (``_gil_count.py``: a shim gcc
+builds, preloaded into each process; in process only: workers' takes are their own). Without CUDA it
+runs the same on the CPU (slowly: use a small ``--width`` and ``--size`` to try it). Without
+sources, ``--make N`` writes N sample videos into shards first (see bench.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ from torch import nn
 from kohakuclip.torch import ClipDataset, ClipLoader, yuv_to_rgb
 
 spec = json.load(sys.stdin)
+counter = None
+if spec["gil"]:
+    sys.path.insert(0, spec["benchmarks"])
+    from _gil_count import GilCounter, difference
+    counter = GilCounter()
 device = "cuda" if torch.cuda.is_available() else "cpu"
 torch.backends.cudnn.benchmark = True
 
@@ -115,6 +122,7 @@ for _ in range(n):
 sync()
 resident_s = time.perf_counter() - t0
 waiting = 0.0
+takes0 = counter.takes() if counter else {}
 t0 = time.perf_counter()
 for _ in range(n):
     t = time.perf_counter()
@@ -123,6 +131,7 @@ for _ in range(n):
     step(batch)
 sync()
 fed_s = time.perf_counter() - t0
+takes = GilCounter.by_name(difference(counter.takes(), takes0)) if counter else {}
 for _ in range(loader.prefetch):  # those decoded while the GPU worked: not the loader's pace
     next(batches)
 t0 = time.perf_counter()
@@ -130,15 +139,21 @@ for _ in range(n):
     next(batches)
 loader_s = time.perf_counter() - t0
 loader.close()
+decode_takes = sum(v for k, v in takes.items() if k.startswith("kohakuclip-"))
 json.dump({"resident": resident_s, "fed": fed_s, "waiting": waiting, "loader": loader_s,
+           "decode_takes": decode_takes, "trainer_takes": takes.get("MainThread", 0),
            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}, sys.stdout)
 """
 
 
-def run_setup(spec: dict) -> dict:
+def run_setup(spec: dict, env: dict[str, str] | None) -> dict:
     """One (mode, setup) in a fresh interpreter: nothing shared with the previous one."""
     done = subprocess.run(
-        [sys.executable, "-c", WORKER], input=json.dumps(spec), capture_output=True, text=True
+        [sys.executable, "-c", WORKER],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        env=env,
     )
     if done.returncode != 0:
         raise RuntimeError(f"{spec['mode']} {spec['workers']}x{spec['threads']}:\n{done.stderr}")
@@ -155,7 +170,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30, help="timed steps per phase")
     ap.add_argument("--width", type=int, default=64, help="channels of the first stage")
     add_loader_options(ap, size=224)
+    ap.add_argument("--gil", action="store_true", help="count GIL takes (needs gcc)")
     args = ap.parse_args()
+    env = None
+    if args.gil:
+        import _gil_count
+
+        env = _gil_count.preload_env(_gil_count.build())
     sources = sources_or_samples(args)
     print(f"sources: {sources}")
     print(
@@ -166,6 +187,7 @@ def main() -> None:
     header = (
         f"{'mode':<12} {'setup':<8} {'resident ms':>11} {'fed ms':>8} {'GPU waits':>9} "
         f"{'in next() ms':>12} {'needs clips/s':>13} {'loader clips/s':>14}"
+        + (f" {'GIL takes: /clip':>16} {'/step':>6}" if args.gil else "")
     )
     print(header)
     print("-" * len(header))
@@ -176,16 +198,22 @@ def main() -> None:
                 sources=sources, batch=args.batch, frames=args.frames, fps=args.fps,
                 size=args.size, threads=threads, workers=workers, mode=mode,
                 prefetch=prefetch, warmup=args.warmup, steps=args.steps, width=args.width,
+                gil=args.gil, benchmarks=os.path.dirname(os.path.abspath(__file__)),
             )  # fmt: skip
-            r = run_setup(spec)
+            r = run_setup(spec, env)
             per = 1000 / args.steps
-            print(
+            row = (
                 f"{mode:<12} {text:<8} {r['resident'] * per:>11.1f} {r['fed'] * per:>8.1f} "
                 f"{1 - r['resident'] / r['fed']:>9.0%} {r['waiting'] * per:>12.1f} "
                 f"{args.batch * args.steps / r['resident']:>13.0f} "
-                f"{args.batch * args.steps / r['loader']:>14.0f}",
-                flush=True,
+                f"{args.batch * args.steps / r['loader']:>14.0f}"
             )
+            if args.gil:
+                clips = args.batch * args.steps
+                row += (
+                    f" {r['decode_takes'] / clips:>16.2f} {r['trainer_takes'] / args.steps:>6.1f}"
+                )
+            print(row, flush=True)
     print(f"device: {r['device']}")
 
 
