@@ -86,6 +86,10 @@ def write_tar(
             tar.addfile(info, io.BytesIO(data))
 
 
+APPLE_DOUBLE = b"\x00\x05\x16\x07\x00\x02\x00\x00" + b"Mac OS X        " + bytes(58)
+"""The start of a ``._name`` resource file macOS puts beside each file it archives."""
+
+
 def write_zip(path: str, members: dict[str, bytes], deflate: bool = False) -> None:
     method = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
     with zipfile.ZipFile(path, "w", compression=method) as z:

@@ -20,7 +20,7 @@ from kohakuclip.read.image_reader import ImageInfo, ImageReader, ImageReadError
 from kohakuclip.read.reader import VideoInfo
 from kohakuclip.storage.image_index import map_image_index
 from kohakuclip.storage.image_listing import ImageSourceError
-from tests.image_media import encode, photo, psnr, write_tar, write_zip
+from tests.image_media import APPLE_DOUBLE, encode, photo, psnr, write_tar, write_zip
 from tests.media import broken_gulp_copy
 
 SIZE = 96
@@ -148,6 +148,19 @@ def test_indexed_zip_listed_zip_tar_folder_and_deflated_zip_agree(shard, tmp_pat
     for name, batch in outputs.items():
         np.testing.assert_array_equal(batch.image, ref.image, err_msg=name)
         np.testing.assert_array_equal(batch.crops, ref.crops, err_msg=name)
+
+
+def test_macos_resource_members_of_archives_are_not_images(tmp_path):
+    """A zip or tar made on macOS holds ``__MACOSX/._x.jpg`` / ``._x.jpg`` beside ``x.jpg``:
+    resource data, not images, left out as a folder's hidden files are."""
+    picture = encode(Image.fromarray(photo(40, 48, seed=1)), "JPEG")
+    members = {"x.jpg": picture, "__MACOSX/._x.jpg": APPLE_DOUBLE, "._y.png": APPLE_DOUBLE}
+    write_zip(str(tmp_path / "mac.zip"), members)
+    write_tar(str(tmp_path / "mac.tar"), members)
+    for archive in ("mac.zip", "mac.tar"):
+        with ImageReader(str(tmp_path / archive), size=16) as reader:
+            assert len(reader) == 1
+            assert reader.read([0]).image.shape[0] == 1
 
 
 def test_plain_archive_jpegs_take_the_compiled_path_and_agree_with_python(tmp_path):

@@ -25,6 +25,7 @@ from kohakuclip.storage.zip import list_zip
 from kohakuclip.write.image_cli import main as cli_main
 from kohakuclip.write.image_codecs import encode_pixels, quality_table
 from tests.image_media import (
+    APPLE_DOUBLE,
     encode,
     oriented_jpeg,
     photo,
@@ -618,6 +619,16 @@ def test_an_interrupt_while_a_shard_opens_leaves_no_partial_file(tmp_path, monke
     with pytest.raises(KeyboardInterrupt):
         write_images(out, [src], min_short=0, progress=False)
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_macos_resource_members_are_not_written_or_skipped(tmp_path):
+    """``__MACOSX/._a.jpg`` beside ``a.jpg`` is no image: left out, not reported as one that
+    failed to decode."""
+    picture = encode(Image.fromarray(photo(40, 48, seed=2)), "PNG")
+    archive = str(tmp_path / "mac.zip")
+    write_zip(archive, {"a.jpg": picture, "__MACOSX/._a.jpg": APPLE_DOUBLE})
+    summary = write_images(tmp_path / "out", [archive], min_short=0, progress=False)
+    assert (summary.images, summary.skipped) == (1, 0)
 
 
 def test_every_image_of_an_archive_is_stored_repeats_too_and_resumes(tmp_path, monkeypatch):

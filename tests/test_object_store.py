@@ -40,7 +40,7 @@ from kohakuclip.mp4.faststart import faststart
 from kohakuclip.storage.image_listing import ImageSourceError
 from kohakuclip.storage.remote import request_counts
 from kohakuclip.storage.video_listing import SourceError
-from tests.image_media import encode, photo, write_tar, write_zip
+from tests.image_media import APPLE_DOUBLE, encode, photo, write_tar, write_zip
 from tests.media import VideoSpec, make_video
 from tests.paths import child_env
 from tests.servers import (
@@ -305,6 +305,7 @@ def test_s3_prefix_leaves_out_videos_only_the_writer_takes_with_a_warning(s3, me
     """As in a local folder: an .mkv under a prefix of mp4 files is named, not read."""
     obstore.put(s3, "mixed/a.mp4", media.files["h264/b_faststart.mp4"])
     obstore.put(s3, "mixed/b.mkv", media.files["h264/b_faststart.mp4"])
+    obstore.put(s3, "mixed/._a.mp4", APPLE_DOUBLE)  # macOS's resource file: neither read nor named
     left_out = r"mixed/: 1 video left out \(e\.g\. s3://.*/mixed/b\.mkv\)"
     with pytest.warns(SourceWarning, match=left_out), Reader(f"s3://{BUCKET}/mixed/") as r:
         assert [r.info(v).member for v in range(len(r))] == ["a.mp4"]

@@ -15,6 +15,7 @@ from PIL import Image
 from kohakuclip import ClipError, Reader, SourceError, SourceWarning, write_videos
 from kohakuclip.gulp import GulpDirectory
 from kohakuclip.gulp.chunk import ChunkBuilder
+from tests.image_media import APPLE_DOUBLE
 from tests.media import VideoSpec, broken_gulp_copy, frame_rgb, make_video, psnr
 from tests.paths import run_locked_out
 
@@ -220,8 +221,10 @@ def test_videos_only_the_writer_takes_are_left_out_with_a_warning(tmp_path) -> N
         warnings.simplefilter("error")
         Reader(str(folder)).close()
     archive = tmp_path / "raw.tar"
+    (tmp_path / "apple").write_bytes(APPLE_DOUBLE)
     with tarfile.open(archive, "w") as tar:
         tar.add(folder / "a.mp4", "a.mp4")
+        tar.add(tmp_path / "apple", "._a.mp4")  # macOS's resource member: no video, no count
         tar.add(folder / "c.avi", "clips/c.ts")
     left_out = r"raw\.tar: 1 video left out \(e\.g\. clips/c\.ts\)"
     with pytest.warns(SourceWarning, match=left_out), Reader(str(archive)) as reader:

@@ -3,9 +3,28 @@
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Callable, Iterable
 
-__all__ = ["list_folder", "media_or_shards", "mixed_message", "printable_name", "unique_origins"]
+__all__ = [
+    "is_hidden",
+    "list_folder",
+    "media_or_shards",
+    "mixed_message",
+    "printable_name",
+    "unique_origins",
+]
+
+
+def is_hidden(name: str) -> bool:
+    """A hidden file or member by its last path part: ``.DS_Store``, or the ``._x.jpg`` resource
+    files macOS puts into tars and zips (under ``__MACOSX/`` in zips). Sources skip them as
+    folder listings skip hidden files.
+
+    Args:
+        name: a '/'-separated path or member name.
+    """
+    return posixpath.basename(name).startswith(".")
 
 
 def printable_name(name: str) -> str:

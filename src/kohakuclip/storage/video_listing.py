@@ -40,7 +40,7 @@ from kohakuclip.formats import (
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.storage.files import FileCache
-from kohakuclip.storage.folder import media_or_shards, mixed_message, printable_name
+from kohakuclip.storage.folder import is_hidden, media_or_shards, mixed_message, printable_name
 from kohakuclip.storage.index import video_entries
 from kohakuclip.storage.prefix import list_prefix, open_listed_gulp
 from kohakuclip.storage.ranged import Objects
@@ -258,7 +258,7 @@ class _Lister:
         if self._add_remote_gulp(url, listed):
             return
         shards = [(f, m) for f, m in listed if suffix_of(f) in (".zip", ".tar")]
-        videos = [(f, m) for f, m in listed if suffix_of(f) in VIDEO_SUFFIXES]
+        videos = [(f, m) for f, m in listed if suffix_of(f) in VIDEO_SUFFIXES and not is_hidden(f)]
         gulp_files = [f for f, _ in listed if suffix_of(f) in (".gulp", ".gmeta")]
         if gulp_files:
             raise SourceError(
@@ -318,7 +318,11 @@ class _Lister:
             self.videos.extend(VideoRef(sid, v.member, v) for v in header)
         else:
             members = archive_members(self.objects, src)
-            names = [name for name in sorted(members) if name.lower().endswith(VIDEO_SUFFIXES)]
+            names = [
+                n
+                for n in sorted(members)
+                if n.lower().endswith(VIDEO_SUFFIXES) and not is_hidden(n)
+            ]
             self.videos.extend(VideoRef(sid, name) for name in _readable(path, names, str))
 
     def _add_view(self, root: str, listed: Mapping[str, Mapping[str, Any]] | None = None) -> None:

@@ -33,7 +33,7 @@ from urllib.parse import unquote, urlsplit
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import IMAGE_SUFFIXES
 from kohakuclip.storage.files import open_regular
-from kohakuclip.storage.folder import list_folder, printable_name, unique_origins
+from kohakuclip.storage.folder import is_hidden, list_folder, printable_name, unique_origins
 from kohakuclip.storage.ranged import RangedFile
 from kohakuclip.storage.remote import (
     MissingObjectError,
@@ -249,6 +249,8 @@ def _groups(
     images: list[tuple[str, Member]] = []
     sidecars: dict[str, dict[str, Member]] = {}
     for member in members:
+        if is_hidden(member.name):  # .DS_Store, macOS's ._x.jpg resource members
+            continue
         key, ext = _webdataset_key(member.name)
         if ext.endswith(IMAGE_SUFFIXES):
             images.append((key, member))
@@ -337,7 +339,7 @@ def _prefix_images(prefix: str) -> list[_Pending]:
     return [
         _object_image(open_object(url, meta=meta), os.path.splitext(url[len(prefix) :])[0], listed)
         for url, meta in listed.items()
-        if url.lower().endswith(IMAGE_SUFFIXES) and not posixpath.basename(url).startswith(".")
+        if url.lower().endswith(IMAGE_SUFFIXES) and not is_hidden(url)
     ]
 
 
