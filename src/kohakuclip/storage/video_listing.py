@@ -229,14 +229,14 @@ class _Lister:
             self.sources.append(VideoSource(os.path.dirname(path) or ".", "folder"))
             self.videos.append(VideoRef(sid, os.path.basename(path)))
             return
+        if path.lower().endswith(VIDEO_SUFFIXES):  # a .ts, an .avi given by name
+            raise SourceError(f"{path}: not a video the reader opens as it is: {_READ_WHAT}")
         try:
             self._add_archive(path)
         except SourceError as e:
             if path.lower().endswith((".zip", ".tar")):
                 raise
-            raise SourceError(  # e.g. a .ts or .avi given by name: say what is read instead
-                f"{e}; {_READ_WHAT}"
-            ) from None
+            raise SourceError(f"{e}; {_READ_WHAT}") from None  # say what is read instead
 
     def _add_remote(self, url: str) -> None:
         """An object, or every shard and mp4 file under a prefix (a URL ending in ``/``)."""
