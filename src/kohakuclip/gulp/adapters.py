@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from kohakuclip.formats import VIDEO_SUFFIXES
 from kohakuclip.gulp.frames import GulpError
 from kohakuclip.gulp.media import read_image, read_video_frames
 from kohakuclip.storage.folder import list_folder
@@ -34,7 +35,8 @@ __all__ = [
 ]
 
 
-VIDEO_EXTENSIONS = (".mp4", ".webm", ".mkv", ".avi", ".mov", ".m4v", ".mpg", ".mpeg", ".ogv")
+VIDEO_EXTENSIONS = VIDEO_SUFFIXES
+"""The videos the adapters take: those the shard writer takes (PyAV decodes them all)."""
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 
 Label2Idx = dict[str, int]
