@@ -307,6 +307,25 @@ def _copy(src: np.ndarray, dst: np.ndarray, hflip: bool, vflip: bool) -> None:
 
 
 @numba.njit(nogil=True, boundscheck=False, cache=True)
+def _check_taps(
+    hstarts: np.ndarray,
+    kh: int,
+    vstarts: np.ndarray,
+    kv: int,
+    h: int,
+    w: int,
+    oh: int,
+    ow: int,
+) -> None:
+    """ValueError unless the taps (``kh`` / ``kv`` per output column / row) make an [oh, ow]
+    output and read only inside an [h, w] source."""
+    if hstarts.shape[0] != ow or vstarts.shape[0] != oh:
+        raise ValueError("resize: taps do not match the output size")
+    if hstarts[0] < 0 or vstarts[0] < 0 or hstarts[ow - 1] + kh > w or vstarts[oh - 1] + kv > h:
+        raise ValueError("resize: taps reach outside the source window")
+
+
+@numba.njit(nogil=True, boundscheck=False, cache=True)
 def resize_window(
     src: np.ndarray,
     hstarts: np.ndarray,
@@ -332,10 +351,7 @@ def resize_window(
     oh, ow = dst.shape
     h, w = src.shape
     kh, kv = hweights.shape[1], vweights.shape[1]
-    if hstarts.shape[0] != ow or vstarts.shape[0] != oh:
-        raise ValueError("resize_window: taps do not match the output size")
-    if hstarts[0] < 0 or vstarts[0] < 0 or hstarts[ow - 1] + kh > w or vstarts[oh - 1] + kv > h:
-        raise ValueError("resize_window: taps reach outside the source window")
+    _check_taps(hstarts, kh, vstarts, kv, h, w, oh, ow)
     if h == oh and w == ow:
         _copy(src, dst, hflip, vflip)
         return
@@ -388,12 +404,7 @@ def resize_rgb(
             plane = as_strided(src[:, c:], shape=(h, w), strides=(src.strides[0], 3))
             resize_window(plane, hstarts, hweights, vstarts, vweights, tmp, dst, hflip, vflip)
         return
-    if hstarts.shape[0] != ow or vstarts.shape[0] != oh:
-        raise ValueError("resize_rgb: taps do not match the output size")
-    if hstarts[0] < 0 or vstarts[0] < 0 or hstarts[ow - 1] + kh > w:
-        raise ValueError("resize_rgb: taps reach outside the source window")
-    if vstarts[oh - 1] + vweights.shape[1] > h:
-        raise ValueError("resize_rgb: taps reach outside the source window")
+    _check_taps(hstarts, kh, vstarts, vweights.shape[1], h, w, oh, ow)
     col0 = hstarts[0]
     ncols = hstarts[ow - 1] + kh - col0
     if tmp.shape[0] < 3 * ncols or tmp.shape[1] < oh:
