@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from tests.servers import normal_scheduling_here
+from tests.servers import normal_scheduling_here, ray_cluster
 
 # One BLAS / OpenMP thread per test process: the decode pools are the parallelism, and spinning
 # BLAS workers on a 2-core runner only compete with them.
@@ -21,9 +21,6 @@ def _not_real_time() -> None:
 @pytest.fixture(scope="module")
 def local_ray():
     """A real local Ray cluster with 2 CPUs for a module's Ray tests, shut down after them."""
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
+    pytest.importorskip("ray")
+    with ray_cluster() as ray:
         yield ray
-    finally:
-        ray.shutdown()

