@@ -469,9 +469,11 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run_script(config: dict[str, object]) -> tuple[int, float, str]:
-    """Exit status, seconds from the script's last statement to its exit, and stderr."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+def _run_script(config: dict[str, object], temp: str) -> tuple[int, float, str]:
+    """Exit status, seconds from the script's last statement to its exit, and stderr; the
+    script's temporary files go to ``temp``."""
+    path = os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, TMPDIR=temp)
     proc = subprocess.Popen(
         [sys.executable, "-c", SCRIPT, json.dumps(config)],
         stdout=subprocess.PIPE,
@@ -501,14 +503,16 @@ def _run_script(config: dict[str, object]) -> tuple[int, float, str]:
     ],
 )
 def test_a_script_ends_promptly_with_its_own_exit_code(
-    media: dict[str, str], loaders: list[int], close: bool, end: str, runs: int
+    media: dict[str, str], loaders: list[int], close: bool, end: str, runs: int, tmp_path: Path
 ) -> None:
     """Batches in flight on a Reader and an ImageReader, loaders half-iterated, closed or not:
-    the script exits with its status (3, or 1 for the uncaught exception) soon after its end."""
+    the script exits with its status (3, or 1 for the uncaught exception) soon after its end,
+    and its terminated loader workers leave no multiprocessing folder (pymp-*) behind."""
     pytest.importorskip("torch")
     config = dict(media, loaders=loaders, close=close, end=end)
     for _ in range(runs):  # one at a time: many dying processes at once load CI's kernel
-        rc, teardown, err = _run_script(config)
+        rc, teardown, err = _run_script(config, str(tmp_path))
+        assert [p.name for p in tmp_path.glob("pymp-*")] == []
         assert "terminate called" not in err and "Fatal Python error" not in err, err[-3000:]
         if end == "raise":
             assert rc == 1 and "RuntimeError: scripted failure" in err, err[-3000:]
