@@ -735,8 +735,9 @@ def test_pngs_decode_compiled_to_the_pixels_of_the_python_path(tmp_path, contain
 
 def test_a_png_that_ends_its_image_early_reads_as_pillow_reads_it(tmp_path):
     """A well-formed PNG whose image data stops after 20 of 64 rows reads as Pillow reads it
-    (the rows never decoded are zero) on the compiled path too, also right after an image of
-    its size and format whose rows the decoder's reused buffer held."""
+    (the rows never decoded are zero): the compiled path hands it to Pillow, also right after
+    an image of its size and format whose rows the decoder's reused buffer held, and keeps the
+    whole ones."""
     from tests.image_media import raw_png
 
     folder = tmp_path / "pngs"
@@ -753,28 +754,40 @@ def test_a_png_that_ends_its_image_early_reads_as_pillow_reads_it(tmp_path):
         with ImageReader(str(folder), size=64, crop="center") as reader:
             reader._compiled = compiled
             batches[compiled] = reader.read([0, 1, 1, 2, 3, 3], seed=1).image
+            if compiled:
+                assert _python_path_codecs(reader, [0, 1, 2, 3]) == ["png", "png"]
     np.testing.assert_array_equal(batches[True], batches[False])
     assert not batches[True][1][:, 40:].any()  # black: what was never decoded
 
 
 def test_damaged_pngs_are_named_on_both_paths(tmp_path):
-    """A PNG whose image data is damaged (its checksum fails) or cut short raises an
-    ``ImageReadError`` naming it, on the compiled path as on the Python one; the images
-    beside it are read, and the pool keeps serving."""
+    """A PNG whose image data is damaged (its checksum fails), cut short, or a well-formed file
+    whose compressed image data stops midway (checksums right) raises an ``ImageReadError``
+    naming it, on the compiled path as on the Python one; the images beside it are read, and
+    the pool keeps serving."""
+    import struct
+
     good = encode(Image.fromarray(photo(60, 80, seed=12)), "PNG")
     damaged = bytearray(good)
     idat = damaged.index(b"IDAT")
     damaged[idat + 40 : idat + 48] = bytes(8)
+    (length,) = struct.unpack(">I", good[idat - 4 : idat])
+    kept = good[idat + 4 : idat + 4 + length // 2]  # half the zlib stream, in a valid chunk
+    stopped = struct.pack(">I", len(kept)) + b"IDAT" + kept
+    stopped += struct.pack(">I", zlib.crc32(b"IDAT" + kept))
+    stopped = good[: idat - 4] + stopped + good[idat + 8 + length :]
+    Image.open(io.BytesIO(stopped)).verify()  # every chunk well-formed
     folder = tmp_path / "pngs"
     folder.mkdir()
     (folder / "a_good.png").write_bytes(good)
     (folder / "b_damaged.png").write_bytes(bytes(damaged))
     (folder / "c_cut.png").write_bytes(good[: len(good) // 2])
+    (folder / "d_stream_stops.png").write_bytes(stopped)
     for compiled in (True, False):
         with ImageReader(str(folder), size=24, crop="center") as reader:
             reader._compiled = compiled
             alone = reader.read([0], seed=1).image[0]
-            for k, name in ((1, "b_damaged"), (2, "c_cut")):
+            for k, name in ((1, "b_damaged"), (2, "c_cut"), (3, "d_stream_stops")):
                 with pytest.raises(ImageReadError, match=rf"{name}\.png: "):
                     reader.read([0, k, 0], seed=1)
             np.testing.assert_array_equal(reader.read([0], seed=1).image[0], alone)

@@ -585,10 +585,11 @@ class AvcodecDecoder:
         options = ctypes.c_void_p()
         wanted = {"threads": "1", "lowres": str(lowres)}
         # a truncated JPEG (WebP) is an error, not a picture with a grey bottom (as libjpeg);
-        # a PNG chunk whose checksum fails too (Pillow, which then judges it, checks them)
+        # a PNG chunk whose checksum fails too (Pillow, which then judges it, checks them), and
+        # a PNG whose image data ends before its last row (by default up to 95 % may be missing)
         strict = {"err_detect": "explode"} if codec in ("mjpeg", "webp") else {}
         if codec == "png":
-            strict = {"err_detect": "crccheck+explode"}
+            strict = {"err_detect": "crccheck+explode", "discard_damaged_percentage": "0"}
         # H.264 single-threaded: "fast" only lets the NAL splitter read NAL units without
         # escapes in place (libavcodec's own padded copy of the packet) instead of copying them
         # again: the same pictures (tests, real footage), 4 % less CPU per frame
