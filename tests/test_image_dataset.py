@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import zipfile
 
 import numpy as np
@@ -106,6 +107,20 @@ def test_mixed_image_shards_and_a_refused_state(shards: list[str]) -> None:
     }
     with pytest.raises(ValueError, match="saved for 2 mixed sources of 6 \\+ 4 images"):
         ClipLoader(dataset(shards)).load_state_dict(state)
+
+
+def test_a_folder_of_shards_in_a_mixture_counts_every_shard(shards: list[str]) -> None:
+    """A mixture's source may be a folder of shards (the writer's output), listed as one source
+    per shard: its images are those of all of them, and the next source's come after them."""
+    folder = os.path.dirname(shards[0])
+    ds = dataset({"all": folder, "first": shards[0]}, weights=[1, 1], with_meta=True)
+    assert ds.source_sizes() == [IMAGES, 6]
+    for _, meta in take(ClipLoader(ds), 3):
+        mixes = [int(i >= IMAGES) for i in meta["image"].tolist()]
+        assert meta["mix"].tolist() == mixes
+        assert meta["mix_name"] == [("all", "first")[k] for k in mixes]
+    ids = np.concatenate([ds.indices(b) for b in range(100)])
+    assert sorted(set(ids.tolist())) == list(range(IMAGES + 6))
 
 
 def test_meta_carries_captions_and_sidecars(shards: list[str]) -> None:

@@ -302,6 +302,30 @@ def test_mixed_sources_record_their_source_and_keep_their_proportions(
     assert len(a) > 2 * len(b)
 
 
+def test_a_folder_of_shards_in_a_mixture_counts_every_shard(
+    shards: list[str], two_folders: dict[str, str]
+) -> None:
+    """A mixture's source may be a folder of shards (the writer's output), listed as one source
+    per shard: its videos are those of all of them, and the next source's come after them."""
+    folder = os.path.dirname(shards[0])
+    ds = ClipDataset(
+        {"shards": folder, "b": two_folders["b"]},
+        4,
+        frames=FRAMES,
+        size=SIZE,
+        threads=1,
+        weights=[1, 1],
+        with_meta=True,
+    )
+    assert ds.source_sizes() == [6, 3]
+    for _, meta in take(ClipLoader(ds), 2):
+        mixes = [int(vid >= 6) for vid in meta["video"].tolist()]
+        assert meta["mix"].tolist() == mixes
+        assert meta["mix_name"] == [("shards", "b")[k] for k in mixes]
+    ids = np.concatenate([ds.indices(b) for b in range(100)])
+    assert sorted(set(ids.tolist())) == list(range(9))
+
+
 def test_a_state_from_other_sources_is_refused(videos: Path, two_folders: dict[str, str]) -> None:
     state = ClipLoader(dataset(videos)).state_dict()
     with pytest.raises(ValueError, match=r"other sources.*saved for 6 videos.*reads 2 videos"):

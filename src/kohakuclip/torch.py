@@ -694,9 +694,9 @@ class ClipDataset(BatchDataset):
         return reader
 
     def _path_counts(self, reader: Any) -> list[int]:
-        catalog = reader._catalog  # one catalog source per path, videos numbered in path order
-        per = np.bincount(catalog.videos.sources(), minlength=len(catalog.sources))
-        return [int(n) for n in per]
+        catalog = reader._catalog  # videos numbered in path order
+        per_source = np.bincount(catalog.videos.sources(), minlength=len(catalog.sources))
+        return _per_path(catalog.sources, per_source, len(self.mixture.flat))
 
     def _item_name(self, reader: Any, index: int) -> str:
         return str(reader._catalog.videos[index].member)
@@ -994,6 +994,14 @@ class ClipLoader:
         self.dataset.close()
 
 
+def _per_path(sources: Sequence[Any], counts: Any, paths: int) -> list[int]:
+    """Items per given path from items per listed source: a folder of shards, a dataset view
+    or a URL prefix lists several sources, each knowing its path (``origin``)."""
+    origins = [src.origin for src in sources]
+    per = np.bincount(origins, weights=np.asarray(counts, np.float64), minlength=paths)
+    return [int(n) for n in per]
+
+
 def _remove_temp_dir_when_terminated() -> None:
     """In a DataLoader worker: remove its multiprocessing temporary folder when SIGTERM ends it.
 
@@ -1039,7 +1047,8 @@ class ImageDataset(BatchDataset):
         return ImageReader(self.mixture.flat, threads=threads, **self.reader_options)
 
     def _path_counts(self, reader: Any) -> list[int]:
-        return [int(src.count) for src in reader._catalog.sources]  # one per path, in order
+        sources = reader._catalog.sources  # images numbered in path order
+        return _per_path(sources, [src.count for src in sources], len(self.mixture.flat))
 
     def _item_name(self, reader: Any, index: int) -> str:
         return str(reader._catalog.member(index))

@@ -60,55 +60,54 @@ class ImageSource:
     compressed: np.ndarray | None = None
     gulp: GulpIndex | None = None
     remote: bool = False
+    origin: int = 0  # the position of the path it was listed from among those given
 
 
 def list_image_sources(
     paths: list[str], objects: Objects, use_index: bool = True
 ) -> list[ImageSource]:
-    """The sources ``paths`` expand to, in order.
+    """The sources ``paths`` expand to, in order, each with the position of its path
+    (``origin``: a folder of shards, a dataset view or a URL prefix lists several).
 
     Args:
         paths: shards, folders, gulp directories, dataset views, or their URLs.
         objects: where remote objects are opened and read (their listing entries are recorded).
         use_index: read shards' KCIMG1 index; False lists their members instead.
     """
-    sources = []
-    try:
-        expanded = _expand_shard_folders([local_path(os.fspath(p)) for p in paths])
-    except OSError as e:  # e.g. a folder this process may not read
-        where = ", ".join(map(os.fspath, paths))
-        raise ImageSourceError(os_error_text(e, where)) from None
-    for path in expanded:
-        if not is_url(path):
-            try:
-                sources.extend(_open_all(path, use_index))
-            except OSError as e:
-                raise ImageSourceError(os_error_text(e, path)) from None
-            continue
+    sources: list[ImageSource] = []
+    for origin, given in enumerate(paths):
+        first = len(sources)
         try:
-            sources.extend(_open_remote(objects, path, use_index))
-        except ObjectStoreError as e:
-            raise ImageSourceError(str(e)) from None
+            expanded = _expand_shard_folder(local_path(os.fspath(given)))
+        except OSError as e:  # e.g. a folder this process may not read
+            raise ImageSourceError(os_error_text(e, os.fspath(given))) from None
+        for path in expanded:
+            if not is_url(path):
+                try:
+                    sources.extend(_open_all(path, use_index))
+                except OSError as e:
+                    raise ImageSourceError(os_error_text(e, path)) from None
+                continue
+            try:
+                sources.extend(_open_remote(objects, path, use_index))
+            except ObjectStoreError as e:
+                raise ImageSourceError(str(e)) from None
+        for src in sources[first:]:
+            src.origin = origin
     return sources
 
 
-def _expand_shard_folders(sources: list[str]) -> list[str]:
-    """Sources with each folder of shards (e.g. kohakuclip-write-images' output) replaced by
-    its shards; ``ImageSourceError`` for a folder of both images and shards."""
-    out = []
-    for path in map(os.fspath, sources):
-        plain = os.path.isdir(path) and not is_gulp_directory(path) and not has_view(path)
-        shards: list[str] = []
-        if plain:
-            try:
-                shards = media_or_shards(path, IMAGE_SUFFIXES, SHARD_SUFFIXES)[1]
-            except ValueError as e:
-                raise ImageSourceError(str(e)) from None
-        if shards:
-            out += [os.path.join(path, name) for name in shards]
-        else:
-            out.append(path)
-    return out
+def _expand_shard_folder(path: str) -> list[str]:
+    """A folder of shards (e.g. kohakuclip-write-images' output) as its shards, any other
+    source as itself; ``ImageSourceError`` for a folder of both images and shards."""
+    plain = os.path.isdir(path) and not is_gulp_directory(path) and not has_view(path)
+    shards: list[str] = []
+    if plain:
+        try:
+            shards = media_or_shards(path, IMAGE_SUFFIXES, SHARD_SUFFIXES)[1]
+        except ValueError as e:
+            raise ImageSourceError(str(e)) from None
+    return [os.path.join(path, name) for name in shards] if shards else [path]
 
 
 def _open_all(path: str, use_index: bool) -> list[ImageSource]:

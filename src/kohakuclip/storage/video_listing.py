@@ -108,6 +108,7 @@ class VideoSource:
     gulp: GulpIndex | None = None
     remote: bool = False  # an object-storage source: every path under it is a URL
     expected_size: int = -1  # from a dataset view: the shard's size when merged (-1: unknown)
+    origin: int = 0  # the position of the path it was listed from among those given
 
 
 _VIEW_COLUMNS = ["shard", "index", "member", "frames", "fps", "width", "height", "codec"]
@@ -118,7 +119,8 @@ _VIEW_OPTIONAL = ["full_range"]  # merged manifests before 2026-12-03 lack it: l
 def list_video_sources(
     paths: list[str], objects: Objects, use_index: bool = True
 ) -> tuple[list[VideoSource], VideoRefs]:
-    """The sources ``paths`` expand to, and their videos in order.
+    """The sources ``paths`` expand to, each with the position of its path (``origin``: a
+    folder of shards, a dataset view or a URL prefix lists several), and their videos in order.
 
     Args:
         paths: shards, folders, mp4 files, gulp directories, dataset views, or their URLs.
@@ -126,11 +128,14 @@ def list_video_sources(
         use_index: read shards' KCIDX1 index; False lists their mp4 members instead.
     """
     lister = _Lister(objects, use_index)
-    for path in paths:
+    for origin, path in enumerate(paths):
+        first = len(lister.sources)
         try:
             lister.add(os.fspath(path))
         except OSError as e:  # e.g. a folder this process may not read
             raise SourceError(os_error_text(e, os.fspath(path))) from None
+        for src in lister.sources[first:]:
+            src.origin = origin
     return lister.sources, lister.videos
 
 
