@@ -109,6 +109,7 @@ def take(loader: ClipLoader, n: int) -> list:
 def assert_same_batches(a: list, b: list) -> None:
     assert len(a) == len(b)
     for x, y in zip(a, b):
+        assert type(x) is type(y)  # (batch, meta) tuples whatever the workers
         if isinstance(x, tuple):
             assert x[1]["batch"] == y[1]["batch"]
             assert torch.equal(x[1]["video"], y[1]["video"])
@@ -458,6 +459,22 @@ def test_the_dataset_iterates_from_its_resume_point_after_a_loader_with_workers(
     assert torch.equal(next(iter(ds)), first)
     ds.resume_at(ds.seed, 3 * BATCH, 3)
     assert torch.equal(next(iter(ds)), third)
+
+
+def test_a_loader_made_around_a_resumed_dataset_starts_at_its_resume_point(
+    videos: Path,
+) -> None:
+    """A dataset resumed by one loader (or ``resume_at``) and given to a new one, as a training
+    framework makes a loader per stage: the new loader continues there, and saves that state."""
+    straight = take(ClipLoader(dataset(videos, seed=3)), 5)
+    first = ClipLoader(dataset(videos, seed=3))
+    take(first, 3)
+    state = first.state_dict()
+    ds = dataset(videos)
+    ClipLoader(ds).load_state_dict(state)
+    again = ClipLoader(ds)
+    assert again.state_dict() == state
+    assert_same_batches(take(again, 2), straight[3:])
 
 
 @pytest.mark.parametrize("workers", [0, 2])

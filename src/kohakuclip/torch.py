@@ -816,8 +816,10 @@ class ClipLoader:
         self.timeout = timeout
         self.multiprocessing_context = multiprocessing_context
         self.batches = batches
-        self._position = 0  # index of the next batch this loader yields
-        self._floor = 0  # where the current iteration started: state never goes below it
+        # a dataset resumed before (``resume_at``, or another loader's ``load_state_dict``)
+        # starts there: its batches before that point are no longer drawn
+        self._position = dataset._origin[1]  # index of the next batch this loader yields
+        self._floor = self._position  # where the current iteration started: state never lower
         self._ended = False  # the consumer asked past the end of an epoch: nothing is ahead
         self._live: weakref.ref[Generator[Any, None, None]] | None = None
 
@@ -979,7 +981,9 @@ class ClipLoader:
         try:
             for batch in batches:
                 self._position += 1
-                yield batch
+                # (batch, meta) whatever the workers: the DataLoader's conversion and pinning
+                # turn a worker's tuple into a list
+                yield tuple(batch) if isinstance(batch, list) else batch
                 if self.batches is not None and self._position % self.batches == 0:
                     self._ended = True  # asked for the next batch: the last one was used
                     return
