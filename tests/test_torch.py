@@ -870,6 +870,9 @@ def test_bad_state_is_refused(videos: Path) -> None:
         loader.load_state_dict({"version": STATE_VERSION, "seed": 0})
     with pytest.raises(ValueError, match="sources: no 'items'"):
         loader.load_state_dict({**good, "sources": {"kind": "videos"}})
+    for key, value in (("stream", None), ("seed", "x"), ("source_samples", [None])):
+        with pytest.raises(ValueError, match=f"state's '{key}' must be whole numbers"):
+            loader.load_state_dict({**good, key: value})
     with pytest.raises(TypeError, match="dict"):
         loader.load_state_dict([("seed", 0)])  # type: ignore[arg-type]
     # a state without a version (the seed and a batch count) still loads, with a warning

@@ -874,10 +874,10 @@ class ClipLoader:
             )
         else:
             _require(state, _STATE_KEYS, "a loader state")
-            seed, samples, batch = int(state["seed"]), int(state["samples"]), int(state["batch"])
-            seen = [int(c) for c in state["source_samples"]]
+            seed, samples, batch = (_whole(state, k) for k in ("seed", "samples", "batch"))
+            seen = _whole(state, "source_samples")
             self._check_sources(state["sources"])
-            stream = int(state.get("stream", 1))  # states saved before it was recorded: 1
+            stream = _whole(state, "stream", 1)  # states saved before it was recorded: 1
         self.dataset.resume_at(seed, samples, batch, seen, stream)
         self._stop_live()
         self._position = self._floor = batch
@@ -1084,6 +1084,16 @@ def _require(state: Mapping[str, Any], keys: Sequence[str], what: str) -> None:
     missing = [k for k in keys if k not in state]
     if missing:
         raise ValueError(f"not {what}: no {', '.join(map(repr, missing))}")
+
+
+def _whole(state: Mapping[str, Any], key: str, default: int = 0) -> Any:
+    """``state[key]`` (``default`` when absent) as an int, or a list of ints for a list;
+    ValueError naming the key for anything else."""
+    value = state.get(key, default)
+    try:
+        return [int(v) for v in value] if isinstance(value, list | tuple) else int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"a loader state's {key!r} must be whole numbers, got {value!r}") from None
 
 
 def _describe(fingerprint: Mapping[str, Any]) -> str:
