@@ -60,6 +60,17 @@ def test_weights_set_the_proportions_within_statistical_bounds() -> None:
     assert ones.min() > 0
 
 
+def test_a_source_of_weight_0_is_never_picked_whatever_the_rounding() -> None:
+    """Ten weights of 0.1 sum to 0.9999999999999999 of the total: the sliver of [0, 1) above
+    goes to the last source with weight, never to the weight-0 source after it; a weight-0
+    source between others is never picked either."""
+    weights = [0.1] * 9 + [0.0, 0.1, 0.0]
+    stream = SampleStream(5, [3] * len(weights), weights)
+    edges = np.array([0.0, 0.1, 0.85, 0.9, 0.95, np.nextafter(1.0, 0.0)])
+    assert stream._choose(edges).tolist() == [0, 1, 8, 10, 10, 10]
+    assert set(stream.sources(0, 20_000).tolist()) == set(range(9)) | {10}
+
+
 def test_epoch_mode_walks_each_source_once_per_epoch() -> None:
     sizes = [4, 9, 6]
     stream = SampleStream(2, sizes, [1.0, 1.0, 2.0], epochs=True)

@@ -171,7 +171,11 @@ class SampleStream:
             if weight > 0 and n < 1:
                 raise ValueError(f"source {label!r} has weight {weight} but holds no items")
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
-        self._cumulative = np.cumsum(w) / w.sum()
+        cumulative = np.cumsum(w) / w.sum()
+        # from the last source with weight on, exactly 1: rounding (0.1 ten times sums to
+        # 0.9999999999999999) never leaves a sliver of [0, 1) to a source of weight 0 after it
+        cumulative[np.flatnonzero(w > 0)[-1] :] = 1.0
+        self._cumulative = cumulative
         self._origin = (0, np.zeros(len(w), dtype=np.int64))
         self._counted = self._origin
 
@@ -189,8 +193,11 @@ class SampleStream:
         if len(self.sizes) == 1:
             return np.zeros(max(0, stop - start), dtype=np.int64)
         u = uniforms((self.seed, _SOURCE_TAG), np.arange(start, stop, dtype=np.int64))
-        picked = np.searchsorted(self._cumulative, u, side="right")
-        return np.minimum(picked, len(self.sizes) - 1).astype(np.int64)
+        return self._choose(u)
+
+    def _choose(self, u: np.ndarray) -> np.ndarray:
+        """The source each uniform in ``[0, 1)`` picks: weight by weight along the interval."""
+        return np.searchsorted(self._cumulative, u, side="right").astype(np.int64)
 
     def seen(self, g: int) -> np.ndarray:
         """Per source: how many of the samples before ``g`` chose it (int64)."""
