@@ -71,6 +71,7 @@ class S3Server:
     endpoint: str
     process: subprocess.Popen[bytes]
     log: str
+    log_start: int = 0  # where this server's lines start in ``log``
 
     def env(self) -> dict[str, str]:
         """The standard variables a client needs for this server."""
@@ -151,6 +152,7 @@ def _start_weed(directory: str, ready_within: float) -> S3Server:
         "-master.volumeSizeLimitMB=32", "-volume.max=8",
     ]  # fmt: skip
     with open(log_path, "ab") as log:
+        log_start = log.tell()  # a retry appends: its stop reads only its own lines
         process = subprocess.Popen(
             command,
             stdout=log,
@@ -159,7 +161,7 @@ def _start_weed(directory: str, ready_within: float) -> S3Server:
             cwd=directory,
             preexec_fn=normal_scheduling_here,
         )
-    server = S3Server(f"http://127.0.0.1:{s3}", process, log_path)
+    server = S3Server(f"http://127.0.0.1:{s3}", process, log_path, log_start)
     try:
         ready = partial(server.create_bucket, "ready-check")
         _wait_until_ready(process, ready, "weed", log_path, ready_within, pause=0.3)
@@ -171,11 +173,19 @@ def _start_weed(directory: str, ready_within: float) -> S3Server:
 
 def _stop_weed(server: S3Server) -> None:
     """Stop the server and remove the gRPC sockets its log names: weed puts them in /tmp
-    whatever its flags, and leaves them there when killed."""
+    whatever its flags, and leaves them there when killed. A socket something answers on is
+    another server's (named by the same port, taken since): it stays."""
     _stop(server.process)
-    with open(server.log, errors="replace") as log:
-        sockets = re.findall(r"listening on Unix socket (/tmp/seaweedfs-\S+\.sock)", log.read())
-    for path in sockets:
+    with open(server.log, "rb") as log:
+        log.seek(server.log_start)
+        text = log.read().decode(errors="replace")
+    for path in re.findall(r"listening on Unix socket (/tmp/seaweedfs-\S+\.sock)", text):
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(path)
+                continue
+            except OSError:
+                pass
         with suppress(FileNotFoundError):
             os.remove(path)
 

@@ -28,7 +28,6 @@ from kohakuclip.torch import (
     yuv_to_rgb,
 )
 from tests.media import VideoSpec, make_video, psnr
-from tests.paths import child_env
 
 SIZE, FRAMES, BATCH = 32, 4, 3
 LENGTHS = [24, 31, 40, 28, 36, 26]
@@ -1023,45 +1022,6 @@ def test_lightning_epochs_resume_mid_epoch_and_at_a_boundary(videos: Path, tmp_p
         assert sorted(resumed) == [(0, s) for s in range(at, 9)]
         assert_resumed_matches(resumed, straight)
         assert clips == {g: samples[g] for g in range(2 * at, 18)}
-
-
-_TERMINATED_WORKERS = """
-import multiprocessing, multiprocessing.util, os, signal, sys
-from kohakuclip.torch import _remove_temp_dir_when_terminated
-
-def worker(pipe):
-    _remove_temp_dir_when_terminated()
-    pipe.send(multiprocessing.util.get_temp_dir())
-    signal.pause()
-
-def folder_after_terminate():
-    ours, theirs = multiprocessing.Pipe()
-    child = multiprocessing.get_context("fork").Process(target=worker, args=(theirs,))
-    child.start()
-    folder = ours.recv()
-    child.terminate()
-    child.join(30)
-    assert child.exitcode == -signal.SIGTERM, child.exitcode
-    return folder, os.path.isdir(folder)
-
-print(*folder_after_terminate())  # its own folder: removed
-print(multiprocessing.util.get_temp_dir(), *folder_after_terminate())  # its parent's: kept
-"""
-
-
-def test_a_terminated_worker_removes_its_own_temp_folder_and_never_its_parent_s(
-    tmp_path: Path,
-) -> None:
-    """A worker killed by SIGTERM (a script ending mid-iteration) removes the multiprocessing
-    folder it made, and leaves alone the one a forked worker shares with its parent."""
-    env = {**child_env(), "TMPDIR": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-c", _TERMINATED_WORKERS], capture_output=True, text=True, env=env
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    own, own_left, parent, shared, shared_left = done.stdout.split()
-    assert own.startswith(str(tmp_path)) and own_left == "False"
-    assert shared == parent and shared_left == "True"
 
 
 def test_forkserver_workers_give_the_same_batches(videos: Path) -> None:

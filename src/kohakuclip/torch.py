@@ -18,11 +18,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-import multiprocessing
 import multiprocessing.util
 import os
-import shutil
-import signal
 import warnings
 import weakref
 from collections import deque
@@ -567,7 +564,6 @@ class BatchDataset(IterableDataset):
         start = self._origin[1] if self._start is None else self._start
         if info is None:
             return self._stream(start, 1, _IN_PROCESS_DEPTH, pin=torch.cuda.is_available())
-        _remove_temp_dir_when_terminated()
         return self._stream(start + info.id, info.num_workers, 2, pin=False, stop=self._stop)
 
     def _stream(
@@ -960,6 +956,11 @@ class ClipLoader:
         stop = None if self.batches is None else (start // self.batches + 1) * self.batches
         if self.workers == 0:
             return dataset._stream(start, 1, self.prefetch, pin=self.pin_memory, stop=stop)
+        # the workers hand batches over as file descriptors, served from a socket in a
+        # multiprocessing folder: made here first, it is theirs too (fork and pickling copy its
+        # name) and goes when this process exits, after them; made in each worker, it would stay
+        # in /tmp whenever a script's end terminates the workers mid-iteration
+        multiprocessing.util.get_temp_dir()
         loader = DataLoader(
             dataset,
             batch_size=None,
@@ -1004,28 +1005,6 @@ def _per_path(sources: Sequence[Any], counts: Any, paths: int) -> list[int]:
     origins = [src.origin for src in sources]
     per = np.bincount(origins, weights=np.asarray(counts, np.float64), minlength=paths)
     return [int(n) for n in per]
-
-
-def _remove_temp_dir_when_terminated() -> None:
-    """In a DataLoader worker: remove its multiprocessing temporary folder when SIGTERM ends it.
-
-    A worker hands each batch's shared memory over as a file descriptor, served from a socket in
-    a ``/tmp/pymp-*`` folder that Python removes at a normal exit. A script that ends with an
-    iteration still running has its workers terminated (SIGTERM), which would leave one folder per
-    worker and run behind. The folder is made now, so that its name is known, and the handler
-    removes it, then lets SIGTERM end the process as before. A handler someone else installed is
-    left alone, and so is a folder the worker already has: a forked one shares its parent's."""
-    process_config = getattr(multiprocessing.current_process(), "_config", {})
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL or "tempdir" in process_config:
-        return
-    folder = multiprocessing.util.get_temp_dir()
-
-    def on_terminate(signum: int, frame: Any) -> None:
-        shutil.rmtree(folder, ignore_errors=True)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, on_terminate)
 
 
 class ImageDataset(BatchDataset):
