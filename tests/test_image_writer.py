@@ -126,6 +126,17 @@ def test_jpegli_encoder_stores_baseline_jpegs_every_reader_decodes(tmp_path):
     assert psnr(got, want) > 40
 
 
+def test_one_source_may_be_given_alone(tmp_path):
+    """A folder given as a str or a path, not in a list, is that one source (as for videos)."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for k in range(2):
+        Image.fromarray(photo(60, 80, seed=k)).save(folder / f"p{k}.png")
+    for n, given in enumerate((str(folder), folder)):
+        summary = write_images(tmp_path / f"out{n}", given, min_short=0, progress=False)
+        assert summary.images == 2
+
+
 def test_quality_table_follows_libjpeg_scaling():
     assert quality_table(50)[:3] == [16, 16, 16]
     assert quality_table(100) == [1] * 64

@@ -304,7 +304,7 @@ def _in_order(
 
 def write_images(
     out_dir: str | os.PathLike[str],
-    sources: Iterable[str | os.PathLike[str]],
+    sources: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     *,
     quality: int = 70,
     max_short: int = 512,
@@ -328,7 +328,8 @@ def write_images(
         out_dir: the output folder, or a URL prefix (``s3://bucket/prefix/`` ...): built in
             ``staging``, each shard uploaded once finished, the sidecars last (``write.upload``).
         sources: image files, folders (with ``.txt`` / ``.json`` sidecars), tars, zips; or
-            their URLs (a prefix ending in ``/`` taken as a folder; see ``write.image_sources``).
+            their URLs (a prefix ending in ``/`` taken as a folder; see ``write.image_sources``);
+            one of them alone, or several.
         quality: encoder quality, 0-100.
         max_short: cap on the short side (0: none), never upscaled.
         min_short: images whose short side is smaller are skipped.
@@ -371,6 +372,8 @@ def write_images(
     check_ray_options(ray, part, ray_parts, stage)
     settings = _Settings(codec, quality, max_short, min_short, jpeg_encoder, backend, per_shard)
     job = _ImageJob(settings, workers)
+    if isinstance(sources, str | os.PathLike):
+        sources = [sources]
     if ray:
         from kohakuclip.write.ray_launcher import write_images_on_ray
 
