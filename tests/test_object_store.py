@@ -35,6 +35,7 @@ from kohakuclip import (
     SourceWarning,
     WriteError,
     pack,
+    write_images,
 )
 from kohakuclip.mp4.faststart import faststart
 from kohakuclip.storage.image_listing import ImageSourceError
@@ -1352,6 +1353,11 @@ def test_image_parts_written_to_a_bucket_then_merged(s3, tmp_path):
     assert write_images_main([str(tmp_path / "local"), *common]) == 0
     url = f"s3://{BUCKET}/imageparts/"
     for part in ("0/2", "1/2"):
+        if part == "1/2":  # a part with other settings than those in the bucket: refused
+            with pytest.raises(ValueError, match=r"part-00000-of-00002\..*with other quality"):
+                write_images(
+                    url, photos, part=part, quality=90, max_short=48, min_short=0, progress=False
+                )
         assert write_images_main([url, "--part", part, *common]) == 0
     result = merge(url)
     assert (result.kind, result.count, result.parts) == ("image", 3, 2)

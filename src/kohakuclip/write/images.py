@@ -428,7 +428,7 @@ def _write_run(
         raise WriteError(f"{out}: exists and is not a folder")
     os.makedirs(out, exist_ok=True)
     if names.part is not None:
-        _check_parts(out, names.part, settings)  # items: the part's only (iter_sources)
+        _check_parts(target, names.part, settings)  # items: the part's only (iter_sources)
     _refuse_video_run(out)
     if resume:
         finished = _finished(target, names, settings)
@@ -520,15 +520,16 @@ def _manifest_writer(file: BinaryIO) -> Iterator[pq.ParquetWriter]:
     writer.close()
 
 
-def _check_parts(out: str, part: Part, settings: _Settings) -> None:
-    """Refuse to add a part to a folder where other parts split the job otherwise, or used
-    other settings."""
+def _check_parts(target: Output, part: Part, settings: _Settings) -> None:
+    """Refuse to add a part to an output (a folder, or a URL prefix) where other parts split
+    the job otherwise, or used other settings."""
     mine = asdict(settings)
-    for name in sorted(os.listdir(out)):
-        if not (name.startswith("part-") and name.endswith("." + ENCODING_FILE)):
-            continue
-        with open(os.path.join(out, name), encoding="utf-8") as f:
-            other = json.load(f)
+    out = target.name
+    records = target.read_beside(
+        lambda name: name.startswith("part-") and name.endswith("." + ENCODING_FILE)
+    )
+    for name, data in records.items():
+        other = json.loads(data)
         if other.get("parts") != part.count:
             theirs = other.get("parts")
             raise ValueError(f"{out}: {name} is one of {theirs} parts, not {part.count}")

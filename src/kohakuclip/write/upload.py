@@ -130,6 +130,17 @@ class Output:
         """Wait until every finished shard was handed over (a URL output's uploads end); raise
         the first upload that failed."""
 
+    def read_beside(self, wanted: Callable[[str], bool]) -> dict[str, bytes]:
+        """The output's top-level files whose names ``wanted`` takes, read whole: what other
+        runs beside this one left (e.g. the records of a job's other parts)."""
+        found = {}
+        for name in sorted(os.listdir(self.folder)):
+            path = os.path.join(self.folder, name)
+            if wanted(name) and os.path.isfile(path):
+                with open(path, "rb") as f:
+                    found[name] = f.read()
+        return found
+
 
 @dataclass
 class StagedOutput(Output):
@@ -211,6 +222,16 @@ class StagedOutput(Output):
     def _raise_failure(self) -> None:
         if self._failure is not None:
             raise self._failure
+
+    def read_beside(self, wanted: Callable[[str], bool]) -> dict[str, bytes]:
+        """The prefix's objects (top level) whose names ``wanted`` takes, and those in staging
+        not uploaded yet (a part sharing the staging folder); staging's copy first."""
+        found = {
+            name: open_object(self.url + name, meta={"size": size}).read(0, size)
+            for name, size in sorted(self.present.items())
+            if "/" not in name and wanted(name)
+        }
+        return found | super().read_beside(wanted)
 
     def finish(self) -> None:
         """The run (part) succeeded: upload its files in staging the prefix lacks at the same
