@@ -688,6 +688,37 @@ def test_every_image_of_an_archive_is_stored_repeats_too_and_resumes(tmp_path, m
         assert (out / shard).read_bytes() == (straight / shard).read_bytes(), shard
 
 
+def test_an_image_given_twice_is_stored_twice_on_resume_too(tmp_path, monkeypatch):
+    """An image reached through two inputs (its folder, and the file itself) is stored twice by
+    a straight run, and so by a run stopped after the first copy and resumed."""
+    from kohakuclip.write import images as writer
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for k in range(3):
+        Image.fromarray(photo(40, 48, seed=k)).save(folder / f"p{k}.png")
+    sources = [folder, folder / "p0.png"]
+    options = dict(per_shard=1, workers=1, min_short=0, progress=False)
+    straight = tmp_path / "straight"
+    assert write_images(straight, sources, **options).images == 4
+    rows = pq.read_table(straight / "manifest.parquet").to_pylist()
+    job, calls = writer._job, []
+
+    def stopping(item, settings):
+        calls.append(item.origin)
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # the second copy of p0
+        return job(item, settings)
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(writer, "_job", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        write_images(out, sources, **options)
+    monkeypatch.setattr(writer, "_job", job)
+    assert write_images(out, sources, resume=True, **options).images == 4
+    assert pq.read_table(out / "manifest.parquet").to_pylist() == rows
+
+
 def test_image_names_that_are_not_utf8_are_stored_escaped_and_resume(tmp_path):
     """An image file and a tar member whose names are not UTF-8 are stored with the bad bytes
     as ``\\xNN`` in their keys and sources; a name that prints as another does gets its own

@@ -276,6 +276,25 @@ def test_a_name_the_tar_repeats_is_its_own_video_on_resume(tmp_path, monkeypatch
     assert manifest(out) == rows and shard_bytes(out) == shard_bytes(straight)
 
 
+def test_a_source_given_twice_is_stored_twice_on_resume_too(tmp_path, monkeypatch) -> None:
+    """A video reached through two inputs (its folder, and the file itself) is stored twice by a
+    straight run, and so by a run stopped after the first copy and resumed."""
+    folder = make_folder(
+        tmp_path / "videos", {f"{n}.mp4": clip(i, 12) for i, n in enumerate("abc")}
+    )
+    sources = [folder, folder / "a.mp4"]
+    straight = tmp_path / "straight"
+    write_videos(straight, sources, per_shard=1, workers=1, **FAST)
+    rows = manifest(straight)
+    assert [r["source"] for r in rows].count(str(folder / "a.mp4")) == 2
+    out = tmp_path / "out"
+    with encoding_stops_at(monkeypatch, 4):
+        write_videos(out, sources, per_shard=1, workers=1, **FAST)
+    resumed = write_videos(out, sources, per_shard=1, workers=1, resume=True, **FAST)
+    assert (resumed.videos, resumed.resumed_videos) == (1, 3)
+    assert manifest(out) == rows and shard_bytes(out) == shard_bytes(straight)
+
+
 def test_a_shard_without_saved_rows_is_redone(tmp_path) -> None:
     out = tmp_path / "out"
     sources = [(f"v{i}.mp4", clip(i, 12)) for i in range(3)]

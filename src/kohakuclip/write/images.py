@@ -25,7 +25,7 @@ import itertools
 import json
 import os
 import shutil
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -55,7 +55,7 @@ from kohakuclip.write.image_codecs import (
 )
 from kohakuclip.write.image_prepare import Backend, ImageSkip, prepare
 from kohakuclip.write.image_sources import SourceImage, iter_sources
-from kohakuclip.write.parts import OutputNames, Part, earlier_run
+from kohakuclip.write.parts import OutputNames, Part, earlier_run, left_to_do
 from kohakuclip.write.shards import check_ray_options
 from kohakuclip.write.upload import Output, WriteError, check_staging, output
 
@@ -438,10 +438,10 @@ def _write_run(
     else:
         _refuse_earlier(out, names)
     summary, done = (
-        _kept_shards(target, names, settings) if resume else (WriteSummary(target.name), set())
+        _kept_shards(target, names, settings) if resume else (WriteSummary(target.name), Counter())
     )
     _clear(out, names, [os.path.basename(p) for p in summary.shards])
-    todo = (item for item in items if item.origin not in done)
+    todo = left_to_do(items, done, lambda item: item.origin)
     _encode(target, todo, settings, names, workers, progress, summary, on_item)
     target.drain()  # the pending files the last uploads send are removed next
     _finish_run(out, names, settings, summary)
@@ -597,13 +597,13 @@ def _refuse_other_settings(target: Output, recorded: dict[str, Any], settings: _
 
 def _kept_shards(
     target: Output, names: OutputNames, settings: _Settings
-) -> tuple[WriteSummary, set[str]]:
+) -> tuple[WriteSummary, Counter[str]]:
     """The finished shards an unfinished run (part) left: from shard 0 on, while each has its
     manifest rows in the pending folder and is kept (in the folder, or in the bucket). Their
     summary and the sources they hold (none when the pending folder holds no settings);
     WriteError when it holds other settings."""
     out = target.folder
-    summary, done = WriteSummary(target.name), set[str]()
+    summary, done = WriteSummary(target.name), Counter[str]()
     path = os.path.join(out, names.pending_settings)
     if not os.path.isfile(path):
         return summary, done
@@ -619,7 +619,7 @@ def _kept_shards(
         summary.images += table.num_rows
         summary.stored_bytes += sum(table.column("bytes").to_pylist())
         summary.source_bytes += sum(table.column("source_bytes").to_pylist())
-        done.update(table.column("source").to_pylist())
+        done.update(table.column("source").to_pylist())  # a source given twice: twice
     return summary, done
 
 

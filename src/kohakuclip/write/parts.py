@@ -13,14 +13,23 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from kohakuclip.formats import ENCODING_FILE, MANIFEST_FILE, PART_PREFIX, SKIPPED_FILE
 from kohakuclip.write._atomic import TEMP_SUFFIX
 
-__all__ = ["ANY_SHARD_RE", "OutputNames", "Part", "earlier_run", "holds_run", "part_argument"]
+__all__ = [
+    "ANY_SHARD_RE",
+    "OutputNames",
+    "Part",
+    "earlier_run",
+    "holds_run",
+    "left_to_do",
+    "part_argument",
+]
 
 
 T = TypeVar("T")
@@ -168,3 +177,15 @@ def part_argument(parser: argparse.ArgumentParser, verb: str, items: str) -> Non
         "parts in OUT (Slurm: $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT); then "
         "`kohakuclip merge OUT`",
     )
+
+
+def left_to_do(items: Iterable[T], done: Counter[str], origin: Callable[[T], str]) -> Iterator[T]:
+    """The ``items`` a resumed run still has to store or skip: each origin counted in ``done``
+    (stored or skipped by the earlier attempt) covers that many items of that origin, so a
+    source given twice is stored twice, as in a run straight through. ``done`` is used up."""
+    for item in items:
+        key = origin(item)
+        if done[key] > 0:
+            done[key] -= 1
+        else:
+            yield item

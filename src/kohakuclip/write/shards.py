@@ -25,7 +25,7 @@ import os
 import posixpath
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,7 +42,7 @@ from kohakuclip.storage.remote import is_store_failure
 from kohakuclip.write._atomic import TEMP_SUFFIX, naming, replacing, write_atomically
 from kohakuclip.write.gulp_videos import encode_gulp_video
 from kohakuclip.write.pack import Container, PackError, ShardWriter
-from kohakuclip.write.parts import ANY_SHARD_RE, OutputNames, Part, earlier_run
+from kohakuclip.write.parts import ANY_SHARD_RE, OutputNames, Part, earlier_run, left_to_do
 from kohakuclip.write.settings import EncodeSettings
 from kohakuclip.write.sources import Source, expand_sources
 from kohakuclip.write.upload import Output, WriteError, check_staging, output
@@ -99,7 +99,7 @@ class _Done:
     """The finished part of an earlier run in the output folder."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
-    skipped: set[str] = field(default_factory=set)
+    skipped: Counter[str] = field(default_factory=Counter)  # origin -> times skipped
     next_shard: int = 0
 
 
@@ -235,7 +235,7 @@ def _load_done(target: Output, names: OutputNames) -> _Done:
     skipped = os.path.join(out, names.skipped)
     if os.path.exists(skipped):
         with open(skipped, encoding="utf-8") as f:
-            done.skipped = {json.loads(line)["source"] for line in f if line.strip()}
+            done.skipped = Counter(json.loads(line)["source"] for line in f if line.strip())
     return done
 
 
@@ -572,13 +572,12 @@ class _Job:
             found = part.select(found, key=lambda s: s.origin)
             unreadable = part.select(unreadable, key=lambda u: u[0])
         done = _prepare(target, self.config(part.count if part else None), resume, names)
-        finished = {row["source"] for row in done.rows} | done.skipped
-        todo = [s for s in found if s.origin not in finished]
+        finished = Counter(row["source"] for row in done.rows) + done.skipped
+        todo = list(left_to_do(found, finished, lambda s: s.origin))
         workers = self.workers or usable_cpus()
         run = _Run(target, self.container, self.per_shard, done, names)
-        for origin, reason in unreadable:
-            if origin not in finished:
-                run.skip(origin, reason)
+        for origin, reason in left_to_do(unreadable, finished, lambda u: u[0]):
+            run.skip(origin, reason)
         bar = progress_bar(total=len(todo), unit="video", disable=not progress)
         started = time.perf_counter()
         stop = threading.Event()
