@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from kohakuclip.storage.ranged import RangedFile
 from kohakuclip.storage.zip import ArchiveError, Member
@@ -72,7 +72,11 @@ class _RangedReader(io.RawIOBase):
 
 def list_tar(source: str | os.PathLike[str] | RangedFile) -> list[Member]:
     """Every regular file of a tar archive (a path, or a ``RangedFile``: one read per header)
-    with the absolute offset of its data."""
+    with the absolute offset of its data.
+
+    ``ArchiveError`` for an archive cut or damaged after its first header too, naming the last
+    member read whole: ``tarfile`` takes a header it cannot parse for the archive's end, which
+    would lose the members after it without a word."""
     where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else source.name
     try:
         if isinstance(source, (str, os.PathLike)):
@@ -81,9 +85,20 @@ def list_tar(source: str | os.PathLike[str] | RangedFile) -> list[Member]:
             fileobj = io.BufferedReader(_RangedReader(source), _BLOCK)
             tar = tarfile.open(fileobj=fileobj, mode="r:")
         with tar:
-            return [Member(m.name, m.offset_data, m.size) for m in tar.getmembers() if m.isfile()]
+            infos = tar.getmembers()
+            stop = tar.offset  # where the listing stopped: the end marker, if any
+            raw: Any = tar.fileobj
+            size = raw.seek(0, io.SEEK_END)
+            raw.seek(stop)
+            after = raw.read(_BLOCK)
     except (tarfile.TarError, OSError, EOFError) as e:
         raise ArchiveError(f"{where}: cannot read tar archive ({e})") from None
+    last = f"member {infos[-1].name!r}" if infos else "its start"
+    if infos and infos[-1].offset_data + infos[-1].size > size:
+        raise ArchiveError(f"{where}: tar archive cut inside {last}")
+    if after.strip(b"\0"):
+        raise ArchiveError(f"{where}: tar archive damaged or cut after {last} (byte {stop})")
+    return [Member(m.name, m.offset_data, m.size) for m in infos if m.isfile()]
 
 
 def _header(block: bytes) -> tarfile.TarInfo | None:
