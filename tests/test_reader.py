@@ -362,9 +362,37 @@ def test_bad_requests_raise_clear_errors(corpus: Corpus) -> None:
         with pytest.raises(ValueError, match="same number of frames"):
             reader.read([(0, [0, 1]), (1, [0])])
         assert reader.read([(0, [0, 1])]).video.shape[0] == 1  # still serving
-    for kwargs in [dict(mode="bgr"), dict(crop="left"), dict(hflip=2.0), dict(threads=0)]:
+        # a seed outside [0, 2**64) is the caller's error, at once, not a data error at result()
+        for seed, error in ((-5, ValueError), (2**64, ValueError), (1.5, TypeError)):
+            with pytest.raises(error, match="seed parts"):
+                reader.submit([(0, [0])], seed=seed)  # type: ignore[arg-type]
+    for kwargs in [
+        dict(mode="bgr"),
+        dict(crop="left"),
+        dict(hflip=2.0),
+        dict(threads=0),
+        dict(threads=2.5),
+        dict(size=True),
+    ]:
         with pytest.raises(ValueError):
             Reader(corpus.zip, **kwargs)  # type: ignore[arg-type]
+    with Reader(corpus.zip, size=np.int64(32)) as reader:  # a numpy int is an int
+        assert reader.read([(0, [0])]).video.shape[-1] == 32
+
+
+def test_stage_clocks_keep_counting_across_close(corpus: Corpus) -> None:
+    """``stats()`` counts since the reader was made: its stage seconds too, not only since the
+    threads a ``close()`` ended were started again."""
+    with Reader(corpus.zip, size=32) as reader:
+        for _ in range(3):
+            reader.read([(0, [0, 1, 2])] * 2, seed=1)
+        before = reader.stats()
+    reader.read([(0, [0])], seed=1)
+    after = reader.stats()
+    reader.close()
+    assert after["clips"] == before["clips"] + 1
+    for stage in ("seconds_decode", "seconds_plan"):
+        assert after[stage] >= before[stage] > 0, stage
 
 
 def test_corrupt_sample_names_file_and_pool_keeps_working(corpus: Corpus, tmp_path) -> None:

@@ -83,6 +83,9 @@ def test_mixed_calls_are_refused():
         clip(100, 30.0, np.random.default_rng(0), 6.0, random.Random(0))  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="rng must be a numpy Generator"):
         clip(100, 8, 3, 6.0, 30.0)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match=r"n_video_frames and frames are ints, got 100, 2\.5"):
+        clip(100, 2.5, np.random.default_rng(0))  # type: ignore[call-overload]
+    assert len(clip(np.int64(100), np.int64(3), np.random.default_rng(0))) == 3
     with pytest.raises(TypeError, match=r"clip\(n, fps, frames, target_fps, rng\)"):
         clip(100, 8, np.random.default_rng(0), video_fps=random.Random(0))  # type: ignore[call-overload]
     with pytest.raises(TypeError, match=r"clip\(n_video_frames, frames, rng.*'rng'"):

@@ -7,6 +7,7 @@ once per batch.
 
 from __future__ import annotations
 
+import numbers
 import os
 import threading
 import warnings
@@ -19,7 +20,7 @@ import numpy as np
 from kohakuclip.decode.pixels import OutputMode
 from kohakuclip.read.buffers import BatchBuffers
 from kohakuclip.read.pool import OwnedPool, Pending, Task, ThreadPool
-from kohakuclip.read.seeding import per_item_keys
+from kohakuclip.read.seeding import derive_seed, per_item_keys
 from kohakuclip.storage.files import FileCache
 
 __all__ = ["ReaderBase", "Sources", "merged_seconds", "renamed", "shown_sources", "warn_renamed"]
@@ -94,14 +95,14 @@ class ReaderBase(ABC, Generic[ItemT, BatchT]):
             raise ValueError(f"mode must be one of {get_args(OutputMode)}, got {mode!r}")
         if crop not in get_args(crops):
             raise ValueError(f"crop must be one of {get_args(crops)}, got {crop!r}")
-        if not isinstance(size, int) or size < 2:
+        if not _is_int(size) or size < 2:
             raise ValueError(f"size must be an int >= 2, got {size!r}")
         for name, p in (("hflip", hflip), ("vflip", vflip)):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {p}")
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        self.size, self.mode, self.threads, self.crop = size, mode, threads, crop
+        if not _is_int(threads) or threads < 1:
+            raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+        self.size, self.mode, self.threads, self.crop = int(size), mode, int(threads), crop
         self.hflip, self.vflip = hflip, vflip
         self._rng = np.random.default_rng(seed)
         self._buffers = BatchBuffers()
@@ -109,6 +110,7 @@ class ReaderBase(ABC, Generic[ItemT, BatchT]):
         self._pid = os.getpid()
         self._stats_lock = threading.Lock()
         self._stats: dict[str, int] = {}
+        self._seconds_closed: dict[str, float] = {}  # stage clocks of pools closed before
 
     # -- counters ------------------------------------------------------------------------------
     def _add_counts(self, **counts: int) -> None:
@@ -123,8 +125,8 @@ class ReaderBase(ABC, Generic[ItemT, BatchT]):
         ``stage_seconds()``)."""
         with self._stats_lock:
             s: dict[str, float] = {name: self._stats.get(name, 0) for name in names}
-            states = self._pool.states
-        stages = merged_seconds(*(state.stage_seconds() for state in states))
+            states, closed = self._pool.states, self._seconds_closed
+        stages = merged_seconds(closed, *(state.stage_seconds() for state in states))
         return {**s, **{f"seconds_{stage}": seconds for stage, seconds in stages.items()}}
 
     @staticmethod
@@ -155,6 +157,10 @@ class ReaderBase(ABC, Generic[ItemT, BatchT]):
             self._pid = os.getpid()
             self._stats_lock = threading.Lock()  # a lock held at the fork stays held
             self._forked()
+        if not self._pool.running:  # a new pool: the clocks of one closed before still count
+            with self._stats_lock:
+                clocks = (state.stage_seconds() for state in self._pool.states)
+                self._seconds_closed = merged_seconds(self._seconds_closed, *clocks)
         return self._pool.get(self._make_worker()), self._file_cache()
 
     def _forked(self) -> None:
@@ -185,6 +191,7 @@ class ReaderBase(ABC, Generic[ItemT, BatchT]):
         a batch read without ``item_keys`` takes its random choices from ``(seed, i)``."""
         if seed is None:
             seed = int(self._rng.integers(0, 2**63 - 1))
+        derive_seed(seed)  # an int in [0, 2**64), checked here rather than in every item
         pool, files = self._ensure_process()
         shares = self._shares(batch, n)
         pending: Pending[BatchT] = Pending(len(shares), batch)
@@ -264,3 +271,8 @@ class ReaderBase(ABC, Generic[ItemT, BatchT]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _is_int(value: Any) -> bool:
+    """An integer (a numpy one too), not a bool or a float."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -321,6 +321,11 @@ class OwnedPool:
         return self._pool
 
     @property
+    def running(self) -> bool:
+        """Whether this process's pool is started (and not closed since)."""
+        return self._pool is not None and self._pid == os.getpid()
+
+    @property
     def states(self) -> list[Any]:
         """The per-thread states of this process's latest pool, kept after ``close()`` (for
         statistics); empty before first use and in a forked child until its own pool starts."""

@@ -100,6 +100,12 @@ def _clip(
     """``clip`` with a numpy generator (its docstring)."""
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"clip(): rng must be a numpy Generator, got {type(rng).__name__}")
+    try:
+        n_video_frames, frames = operator.index(n_video_frames), operator.index(frames)
+    except TypeError:
+        raise TypeError(
+            f"clip(): n_video_frames and frames are ints, got {n_video_frames!r}, {frames!r}"
+        ) from None
     if frames < 1:
         raise ValueError(f"frames must be >= 1, got {frames}")
     if fps is not None and not (math.isfinite(fps) and fps > 0):
