@@ -89,6 +89,18 @@ def _call(
         raise
 
 
+def _counts(call: str, video: str, n: Any, frames: Any) -> tuple[int, int]:
+    """A sampler's frame counts as ints (numpy ones too); TypeError naming ``call`` and the
+    video's count ``video`` for anything else, ValueError for no frames wanted."""
+    try:
+        n, frames = operator.index(n), operator.index(frames)
+    except TypeError:
+        raise TypeError(f"{call}: {video} and frames are ints, got {n!r}, {frames!r}") from None
+    if frames < 1:
+        raise ValueError(f"frames must be >= 1, got {frames}")
+    return n, frames
+
+
 def _clip(
     n_video_frames: int,
     frames: int,
@@ -100,14 +112,7 @@ def _clip(
     """``clip`` with a numpy generator (its docstring)."""
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"clip(): rng must be a numpy Generator, got {type(rng).__name__}")
-    try:
-        n_video_frames, frames = operator.index(n_video_frames), operator.index(frames)
-    except TypeError:
-        raise TypeError(
-            f"clip(): n_video_frames and frames are ints, got {n_video_frames!r}, {frames!r}"
-        ) from None
-    if frames < 1:
-        raise ValueError(f"frames must be >= 1, got {frames}")
+    n_video_frames, frames = _counts("clip()", "n_video_frames", n_video_frames, frames)
     if fps is not None and not (math.isfinite(fps) and fps > 0):
         raise ValueError(f"fps must be a positive number or None, got {fps}")
     if n_video_frames < 1:
@@ -135,14 +140,7 @@ def _clip_1_0(
         raise TypeError(
             f"KohakuClip 1.0.0's clip() takes a random.Random, got {type(rng).__name__}"
         )
-    try:
-        n, frames = operator.index(n), operator.index(frames)
-    except TypeError:
-        raise TypeError(
-            f"KohakuClip 1.0.0's clip(): n and frames are ints, got {n!r}, {frames!r}"
-        ) from None
-    if frames < 1:
-        raise ValueError(f"frames must be >= 1, got {frames}")
+    n, frames = _counts("KohakuClip 1.0.0's clip()", "n", n, frames)
     if n < 1:
         raise ValueError("cannot sample from a video without frames")
     if not (math.isfinite(fps) and fps > 0):
