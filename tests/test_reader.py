@@ -362,6 +362,13 @@ def test_bad_requests_raise_clear_errors(corpus: Corpus) -> None:
         with pytest.raises(ValueError, match="same number of frames"):
             reader.read([(0, [0, 1]), (1, [0])])
         assert reader.read([(0, [0, 1])]).video.shape[0] == 1  # still serving
+        with pytest.raises(ValueError, match="whole frame indices"):
+            reader.read([(0, [0, 1.7])])
+        with pytest.raises(IndexError, match="video id True out of range"):
+            reader.read([(True, [0])])
+        whole = reader.read([(0, [0, 1])], seed=3).video
+        for frames in (np.array([0.0, 1.0]), (f for f in (0, 1)), np.arange(2)):
+            np.testing.assert_array_equal(reader.read([(0, frames)], seed=3).video, whole)
         # a seed outside [0, 2**64) is the caller's error, at once, not a data error at result()
         for seed, error in ((-5, ValueError), (2**64, ValueError), (1.5, TypeError)):
             with pytest.raises(error, match="seed parts"):

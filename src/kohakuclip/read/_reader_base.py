@@ -142,7 +142,7 @@ class ReaderBase(ABC, Generic[ItemT, BatchT]):
 
     def _check_id(self, item_id: Any) -> int:
         """``item_id`` as an int, or IndexError when it is not an id of this reader."""
-        if not isinstance(item_id, (int, np.integer)) or not 0 <= item_id < len(self._catalog):
+        if not _is_int(item_id) or not 0 <= item_id < len(self._catalog):
             raise IndexError(
                 f"{self._noun} id {item_id!r} out of range (reader has {len(self)} {self._noun}s)"
             )

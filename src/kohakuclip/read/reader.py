@@ -433,11 +433,14 @@ class Reader(ReaderBase[Item, Batch]):
         clean: list[tuple[int, list[int]]] = []
         for item in items:
             try:
-                vid, frames = item
-                frames = [int(f) for f in frames]
+                vid, given = item
+                given = list(given)
+                frames = [int(f) for f in given]
+                if frames != given:  # 1.7 is no frame index (1.0 and numpy ints are)
+                    raise ValueError
             except (TypeError, ValueError):
                 raise ValueError(
-                    f"items must be (video id, [frame indices]), got {item!r}"
+                    f"items must be (video id, [whole frame indices]), got {item!r}"
                 ) from None
             self._check_id(vid)
             if not frames:
