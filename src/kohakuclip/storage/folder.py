@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 
 __all__ = [
     "is_hidden",
+    "is_media",
     "list_folder",
     "media_or_shards",
     "mixed_message",
@@ -25,6 +26,12 @@ def is_hidden(name: str) -> bool:
         name: a '/'-separated path or member name.
     """
     return posixpath.basename(name).startswith(".")
+
+
+def is_media(name: str, suffixes: tuple[str, ...]) -> bool:
+    """A video or image file (or member) by its suffix (lower case ``suffixes``), hidden ones
+    left out (``is_hidden``)."""
+    return name.lower().endswith(suffixes) and not is_hidden(name)
 
 
 def printable_name(name: str) -> str:

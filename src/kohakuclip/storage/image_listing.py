@@ -27,7 +27,7 @@ from kohakuclip.errors import KohakuClipError, os_error_text
 from kohakuclip.formats import DATASET_FILE, IMAGE_SUFFIXES, INDEX_MEMBER, SHARD_SUFFIXES
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
-from kohakuclip.storage.folder import is_hidden, list_folder, media_or_shards, mixed_message
+from kohakuclip.storage.folder import is_media, list_folder, media_or_shards, mixed_message
 from kohakuclip.storage.image_index import find_image_index, load_image_index
 from kohakuclip.storage.index import IndexFormatError
 from kohakuclip.storage.prefix import list_prefix, open_listed_gulp
@@ -165,7 +165,7 @@ def _open_remote(objects: Objects, url: str, use_index: bool) -> list[ImageSourc
     if gulp is not None:
         return [gulp]
     packed = [name for name, _ in found if suffix_of(name) in (".zip", ".tar")]
-    images = [name for name, _ in found if _is_image(name)]
+    images = [name for name, _ in found if is_media(name, IMAGE_SUFFIXES)]
     if packed and images:
         raise ImageSourceError(mixed_message(url, images[0], len(images), packed[0], len(packed)))
     shards, names = [], []
@@ -173,7 +173,7 @@ def _open_remote(objects: Objects, url: str, use_index: bool) -> list[ImageSourc
         objects.remote(name, meta)
         if suffix_of(name) in (".zip", ".tar"):
             shards.append(_open_object(objects, name, use_index))
-        elif _is_image(name):
+        elif is_media(name, IMAGE_SUFFIXES):
             names.append(name[len(url) :])
     if names:
         shards.append(ImageSource(url, "folder", len(names), names=names, remote=True))
@@ -246,13 +246,8 @@ def _open_object(objects: Objects, url: str, use_index: bool) -> ImageSource:
         raise ImageSourceError(str(e)) from None
 
 
-def _is_image(name: str) -> bool:
-    """An image by its suffix, hidden files and macOS's resource members left out."""
-    return name.lower().endswith(IMAGE_SUFFIXES) and not is_hidden(name)
-
-
 def _plain(path: str, kind: str, members: list[Member]) -> ImageSource:
-    images = [m for m in members if _is_image(m.name)]
+    images = [m for m in members if is_media(m.name, IMAGE_SUFFIXES)]
     return ImageSource(
         path,
         kind,

@@ -40,7 +40,13 @@ from kohakuclip.formats import (
 from kohakuclip.gulp.index import GulpIndex, open_gulp_source
 from kohakuclip.gulp.meta import is_gulp_directory
 from kohakuclip.storage.files import FileCache
-from kohakuclip.storage.folder import is_hidden, media_or_shards, mixed_message, printable_name
+from kohakuclip.storage.folder import (
+    is_hidden,
+    is_media,
+    media_or_shards,
+    mixed_message,
+    printable_name,
+)
 from kohakuclip.storage.index import video_entries
 from kohakuclip.storage.prefix import list_prefix, open_listed_gulp
 from kohakuclip.storage.ranged import Objects
@@ -323,11 +329,7 @@ class _Lister:
             self.videos.extend(VideoRef(sid, v.member, v) for v in header)
         else:
             members = archive_members(self.objects, src)
-            names = [
-                n
-                for n in sorted(members)
-                if n.lower().endswith(VIDEO_SUFFIXES) and not is_hidden(n)
-            ]
+            names = [n for n in sorted(members) if is_media(n, VIDEO_SUFFIXES)]
             self.videos.extend(VideoRef(sid, name) for name in _readable(path, names, str))
 
     def _add_view(self, root: str, listed: Mapping[str, Mapping[str, Any]] | None = None) -> None:

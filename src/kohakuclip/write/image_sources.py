@@ -33,7 +33,13 @@ from urllib.parse import unquote, urlsplit
 from kohakuclip.errors import KohakuClipError
 from kohakuclip.formats import IMAGE_SUFFIXES
 from kohakuclip.storage.files import open_regular
-from kohakuclip.storage.folder import is_hidden, list_folder, printable_name, unique_origins
+from kohakuclip.storage.folder import (
+    is_hidden,
+    is_media,
+    list_folder,
+    printable_name,
+    unique_origins,
+)
 from kohakuclip.storage.ranged import RangedFile
 from kohakuclip.storage.remote import (
     MissingObjectError,
@@ -339,7 +345,7 @@ def _prefix_images(prefix: str) -> list[_Pending]:
     return [
         _object_image(open_object(url, meta=meta), os.path.splitext(url[len(prefix) :])[0], listed)
         for url, meta in listed.items()
-        if url.lower().endswith(IMAGE_SUFFIXES) and not is_hidden(url)
+        if is_media(url, IMAGE_SUFFIXES)
     ]
 
 

@@ -31,7 +31,7 @@ from urllib.parse import unquote, urlsplit
 
 from kohakuclip.formats import VIDEO_SUFFIXES
 from kohakuclip.gulp.meta import is_gulp_directory
-from kohakuclip.storage.folder import is_hidden, list_folder, printable_name, unique_origins
+from kohakuclip.storage.folder import is_media, list_folder, printable_name, unique_origins
 from kohakuclip.storage.remote import (
     MissingObjectError,
     RemoteObject,
@@ -167,7 +167,7 @@ def _stem(name: str) -> str:
 
 def is_video_name(name: str) -> bool:
     """A video file by its suffix (hidden files excluded)."""
-    return name.lower().endswith(VIDEO_SUFFIXES) and not is_hidden(name)
+    return is_media(name, VIDEO_SUFFIXES)
 
 
 def _read_file(path: str) -> bytes | None:
